@@ -1,0 +1,33 @@
+"""keras_als: adaptive (layer-wise) loss scaling for float16 training in Keras 3.
+
+Three parts:
+
+- `AdaptiveScaled` wraps a layer and places a scale boundary at its inputs;
+  `wrap_model` wraps every layer with trainable weights of a model.
+- `AdaptiveLossScaleOptimizer` (a `keras.optimizers.LossScaleOptimizer`) gives
+  each region of the backward graph between boundaries its own power-of-two
+  scale and unscales every weight gradient by the scale it was computed at.
+- `policies` choose the next scales from the last step's gradient statistics.
+
+Example:
+
+>>> import keras, keras_als
+>>> model = keras_als.wrap_model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]))
+>>> model.compile(keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam()), "mse")
+"""
+
+import keras as _keras
+
+if _keras.config.backend() != "tensorflow":
+    raise ImportError(
+        "keras_als needs Keras's TensorFlow backend, but Keras runs on "
+        f"{_keras.config.backend()!r}. Set the environment variable KERAS_BACKEND=tensorflow "
+        'before importing keras (or set "backend" in ~/.keras/keras.json).'
+    )
+
+from keras_als import policies  # noqa: E402
+from keras_als.optimizer import AdaptiveLossScaleOptimizer  # noqa: E402
+from keras_als.wrapper import AdaptiveScaled, wrap_model  # noqa: E402
+
+__all__ = ["AdaptiveLossScaleOptimizer", "AdaptiveScaled", "policies", "wrap_model"]
+__version__ = "0.1.0"

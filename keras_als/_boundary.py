@@ -1,0 +1,107 @@
+"""The scale boundary: an identity whose gradient is multiplied by a ratio.
+
+`insert(owner, tensors)` places one boundary on the floating-point tensors a
+wrapped layer receives. Forward, it is an identity. Backward, its gradient
+function measures the gradient arriving from the layer (largest absolute value,
+mean square) and multiplies it by `ratio`, a power of two that the optimizer's
+plan sets before backprop starts. Every boundary made while tracing a graph is
+recorded, so that the plan can find the scale components of that graph.
+
+Outside a traced function there is no graph to walk, so `insert` returns the
+tensors unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import tensorflow as tf
+
+
+class Boundary:
+    """One scale boundary in one traced graph.
+
+    Attributes:
+        owner: The `AdaptiveScaled` layer that placed it.
+        inputs: Tensors entering the boundary (upstream side).
+        outputs: Tensors leaving it (the wrapped layer's side).
+        ratio: Scalar float32 multiplier for the gradient, set by the plan; None
+            leaves the gradient unchanged.
+        gradient_amax: Largest |gradient| that arrived, at the scale of the
+            output side (inf if a value was not finite); set during backprop.
+        gradient_mean_square: Mean squared gradient that arrived (float32).
+    """
+
+    def __init__(self, owner, inputs):
+        self.owner = owner
+        self.inputs = tuple(inputs)
+        self.outputs: tuple = ()
+        self.ratio: tf.Tensor | None = None
+        self.gradient_amax: tf.Tensor | None = None
+        self.gradient_mean_square: tf.Tensor | None = None
+
+    def backward(self, *gradients):
+        present = [g for g in gradients if g is not None]
+        if present:
+            self.gradient_amax = tf.reduce_max(tf.stack([amax(g) for g in present]))
+            self.gradient_mean_square = tf.add_n(
+                [tf.reduce_mean(tf.square(tf.cast(g, tf.float32))) for g in present]
+            ) / len(present)
+        if self.ratio is None:
+            return list(gradients)
+        return [None if g is None else multiply(g, self.ratio) for g in gradients]
+
+
+def amax(tensor: tf.Tensor) -> tf.Tensor:
+    """Largest absolute value of `tensor` as float32; inf if any value is NaN."""
+    if isinstance(tensor, tf.IndexedSlices):
+        tensor = tensor.values
+    magnitude = tf.abs(tensor)
+    magnitude = tf.where(
+        tf.math.is_nan(magnitude), tf.cast(float("inf"), magnitude.dtype), magnitude
+    )
+    return tf.cast(tf.reduce_max(magnitude), tf.float32)
+
+
+def multiply(gradient: tf.Tensor, ratio: tf.Tensor) -> tf.Tensor:
+    """`gradient * ratio`, computed in float32 so that any power of two is exact."""
+    if gradient.dtype == tf.float32:
+        return gradient * ratio
+    return tf.cast(tf.cast(gradient, tf.float32) * ratio, gradient.dtype)
+
+
+_recorded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def recorded(graph) -> list[Boundary]:
+    """The boundaries made so far while tracing `graph`."""
+    with _lock:
+        return list(_recorded.get(graph, ()))
+
+
+def insert(owner, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+    """Passes `tensors` through one boundary and records it for the plan.
+
+    Args:
+        owner: The layer placing the boundary.
+        tensors: Floating-point tensors (at least one).
+
+    Returns:
+        Tensors equal to `tensors`, whose gradients cross the boundary.
+    """
+    if not tensors or not tf.inside_function():
+        return list(tensors)
+    boundary = Boundary(owner, tensors)
+
+    @tf.custom_gradient
+    def identity(*xs):
+        return [tf.identity(x) for x in xs], boundary.backward
+
+    outputs = identity(*tensors)
+    boundary.outputs = tuple(outputs)
+    graph = tf.compat.v1.get_default_graph()
+    with _lock:
+        _recorded.setdefault(graph, []).append(boundary)
+    return list(outputs)

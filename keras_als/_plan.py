@@ -1,0 +1,232 @@
+"""The plan of one traced training step: scale components and their scales.
+
+`make_plan` runs inside `scale_loss`, after the forward pass and before
+`tape.gradient`. It walks the traced graph back from the loss, and from the
+input of every boundary it reaches, stopping at boundary outputs. Ops reached
+from one another without crossing a boundary form one *scale component*; the
+walk goes through variable handles too, so two reads of one variable (a shared
+layer) join their components. Every gradient inside a component carries the
+component's scale, which makes sums of gradients (fan-out, residual adds,
+shared layers, several outputs) consistent by construction.
+
+Each component is held by one scale variable: the loss's own for the loss's
+component, else the variable of a wrapped layer whose weights lie in it, else
+(a component with no wrapped weights) that of a component its gradient comes
+from. A boundary from component `a` (input side) to `b` multiplies the
+gradient by `scale[a] / scale[b]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import tensorflow as tf
+
+from keras_als import _boundary
+
+
+@dataclasses.dataclass
+class Component:
+    """One scale component of a traced graph."""
+
+    variable: object | None = None  # the scale variable holding its scale
+    name: str = ""
+    aliases: list = dataclasses.field(default_factory=list)  # more scale variables kept equal
+    inside: list = dataclasses.field(default_factory=list)  # boundaries whose output lies here
+    feeding: list = dataclasses.field(default_factory=list)  # boundaries whose input lies here
+
+
+@dataclasses.dataclass
+class Plan:
+    """Components, the scale of each, and where every variable lies."""
+
+    graph: object
+    components: list[Component]
+    scales: tf.Tensor  # float32, one per component, read when the plan was made
+    component_of: dict[int, int]  # id(variable handle) -> component index
+    sides: dict[int, tuple[int, int]]  # id(boundary) -> (input side, output side)
+    loss_component: int
+    built: bool  # scale variables existed when the plan was made
+
+    def scale_of(self, variable) -> tf.Tensor:
+        return self.scales[self.index_of(variable)]
+
+    def index_of(self, variable) -> int:
+        return self.component_of.get(id(variable.handle), self.loss_component)
+
+    def downstream(self) -> tuple[tuple[int, ...], ...]:
+        """For each component, the other components whose gradient flows into it."""
+        return tuple(
+            tuple(sorted({self.sides[id(b)][1] for b in c.feeding} - {i}))
+            for i, c in enumerate(self.components)
+        )
+
+
+class _UnionFind:
+    def __init__(self):
+        self.parent: list[int] = []
+
+    def new(self) -> int:
+        self.parent.append(len(self.parent))
+        return len(self.parent) - 1
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def union(self, i: int, j: int) -> None:
+        i, j = self.find(i), self.find(j)
+        if i != j:
+            self.parent[max(i, j)] = min(i, j)
+
+
+def _walk(loss: tf.Tensor, boundaries: list[_boundary.Boundary]):
+    """Labels every op behind `loss`; returns labels and reached boundaries."""
+    stop = {}
+    for b in boundaries:
+        for t in b.outputs:
+            stop[t.ref()] = b
+    sets = _UnionFind()
+    label_of_op: dict[str, int] = {}
+    reached: dict[int, tuple[_boundary.Boundary, int, list[int]]] = {}
+    order: list[_boundary.Boundary] = []
+    pending = [([loss], sets.new())]
+    while pending:
+        tensors, label = pending.pop()
+        stack = list(tensors)
+        while stack:
+            tensor = stack.pop()
+            b = stop.get(tensor.ref())
+            if b is not None:
+                if id(b) not in reached:
+                    input_label = sets.new()
+                    reached[id(b)] = (b, input_label, [])
+                    order.append(b)
+                    pending.append((list(b.inputs), input_label))
+                reached[id(b)][2].append(label)
+                continue
+            op = tensor.op
+            seen = label_of_op.get(op.name)
+            if seen is not None:
+                sets.union(seen, label)
+                continue
+            label_of_op[op.name] = label
+            stack.extend(op.inputs)
+    for _, _, output_labels in reached.values():
+        for other in output_labels[1:]:
+            sets.union(output_labels[0], other)
+    return sets, label_of_op, [(b, reached[id(b)][1], reached[id(b)][2][0]) for b in order]
+
+
+def make_plan(loss: tf.Tensor, optimizer) -> Plan:
+    """Finds the scale components behind `loss` and reads their scales."""
+    graph = loss.graph
+    boundaries = _boundary.recorded(graph)
+    sets, label_of_op, reached = _walk(loss, boundaries)
+
+    roots: dict[int, int] = {}
+    components: list[Component] = []
+
+    def component(label: int) -> int:
+        root = sets.find(label)
+        if root not in roots:
+            roots[root] = len(components)
+            components.append(Component())
+        return roots[root]
+
+    loss_component = component(0)
+    sides = {}
+    for b, input_label, output_label in reached:
+        a, o = component(input_label), component(output_label)
+        sides[id(b)] = (a, o)
+        components[a].feeding.append(b)
+        components[o].inside.append(b)
+
+    # Variables, by their captured handle: id(handle) -> component.
+    component_of = {}
+    for external, internal in getattr(graph, "captures", ()):
+        label = label_of_op.get(internal.op.name)
+        if label is not None:
+            component_of[id(external)] = component(label)
+
+    # Scale variables: the loss's, then each wrapped layer's where its weights lie.
+    components[loss_component].variable = optimizer.loss_scale_variable
+    components[loss_component].name = "loss"
+    for b, _, _ in reached:
+        variable = optimizer.scale_variable_for(b.owner)
+        if variable is None:
+            continue
+        placed = [
+            component_of[id(w.handle)]
+            for w in b.owner.trainable_weights
+            if id(w.handle) in component_of
+        ]
+        target = components[placed[0] if placed else sides[id(b)][1]]
+        if target.variable is None:
+            target.variable, target.name = variable, b.owner.layer.name
+        elif all(variable is not x for x in [target.variable, *target.aliases]):
+            target.aliases.append(variable)
+    # Components with no wrapped weights take the scale their gradient arrives with.
+    changed = True
+    while changed:
+        changed = False
+        for c in components:
+            if c.variable is None:
+                for b in c.feeding:
+                    source = components[sides[id(b)][1]]
+                    if source.variable is not None:
+                        c.variable, c.name, changed = source.variable, source.name, True
+                        break
+    for c in components:
+        if c.variable is None:
+            c.variable, c.name = components[loss_component].variable, "loss"
+
+    # Components held by one scale variable share its scale: merge them.
+    merged: list[Component] = []
+    index_of_variable: dict[int, int] = {}
+    final = []
+    for c in components:
+        key = id(c.variable)
+        if key not in index_of_variable:
+            index_of_variable[key] = len(merged)
+            merged.append(Component(c.variable, c.name))
+        group = merged[index_of_variable[key]]
+        group.aliases += [a for a in c.aliases if all(a is not x for x in group.aliases)]
+        group.inside += c.inside
+        group.feeding += c.feeding
+        final.append(index_of_variable[key])
+    sides = {k: (final[a], final[o]) for k, (a, o) in sides.items()}
+    component_of = {k: final[c] for k, c in component_of.items()}
+
+    built = optimizer.built
+    if built:
+        scales = tf.stack([tf.convert_to_tensor(c.variable) for c in merged])
+    else:
+        scales = tf.fill([len(merged)], tf.constant(float(optimizer.initial_scale)))
+    for b, _, _ in reached:
+        a, o = sides[id(b)]
+        b.ratio = scales[a] / scales[o] if a != o else None
+    return Plan(graph, merged, scales, component_of, sides, final[loss_component], built)
+
+
+_local = threading.local()
+
+
+def remember(optimizer, plan: Plan) -> None:
+    """Keeps `plan` for `optimizer` in this thread (one replica traces per thread)."""
+    if not hasattr(_local, "plans"):
+        _local.plans = {}
+    _local.plans[id(optimizer)] = plan
+
+
+def current(optimizer) -> Plan | None:
+    """The plan made for `optimizer` in the graph being traced now, if any."""
+    plan = getattr(_local, "plans", {}).get(id(optimizer))
+    if plan is None or not tf.inside_function():
+        return None
+    if plan.graph is not tf.compat.v1.get_default_graph():
+        return None
+    return plan

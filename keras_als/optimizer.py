@@ -1,0 +1,292 @@
+"""`AdaptiveLossScaleOptimizer`: layer-wise loss scales chosen from statistics."""
+
+from __future__ import annotations
+
+import math
+import warnings
+import weakref
+
+import keras
+import tensorflow as tf
+from keras.src.utils import tracking
+
+from keras_als import _boundary, _plan, policies
+
+_OWNER = "_keras_als_owner"
+
+
+def mark_owner(wrapper, variables) -> None:
+    """Tags `variables` as weights of `wrapper`, so the optimizer can find it."""
+    for v in variables:
+        setattr(v, _OWNER, weakref.ref(wrapper))
+
+
+def _owner(variable):
+    ref = getattr(variable, _OWNER, None)
+    return ref() if ref is not None else None
+
+
+@keras.saving.register_keras_serializable(package="keras_als")
+class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Loss scaling with one scale per layer, chosen from gradient statistics.
+
+    A drop-in for `keras.optimizers.LossScaleOptimizer` (Zhao, Vogel and Ahmed,
+    "Adaptive Loss Scaling for Mixed Precision Training", 2019). Layers wrapped in
+    `keras_als.AdaptiveScaled` (see `keras_als.wrap_model`) get scale boundaries
+    at their inputs. When the training step is traced, `scale_loss` finds the
+    *scale components* of the graph (regions between boundaries) and gives each
+    its own power-of-two scale; every boundary converts the gradient crossing it
+    from one component's scale to the next. `apply` divides each variable's
+    gradient by the scale it was computed at, skips the step (touching no weight
+    and no inner optimizer slot) if any gradient is not finite, and asks the
+    `policy` for the next scales from what this step measured.
+
+    With float32 compute the result equals training without scaling exactly:
+    scales are powers of two. Without a traced graph (`run_eagerly=True`) it
+    behaves like `keras.optimizers.LossScaleOptimizer` and warns once.
+
+    Args:
+        inner_optimizer: The `keras.optimizers.Optimizer` that applies updates.
+        policy: A `keras_als.policies` policy or its name: `"max_safe"`
+            (default), `"approx_range"` (the paper's rule) or `"fixed"`.
+        initial_scale: Scale of every component on the first step; a power of two.
+        name: Optional name.
+
+    Example:
+
+    >>> import keras, numpy as np, keras_als
+    >>> model = keras_als.wrap_model(keras.Sequential(
+    ...     [keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+    ...      keras.layers.Dense(1)]))
+    >>> optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.1))
+    >>> model.compile(optimizer=optimizer, loss="mse")
+    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), epochs=2, verbose=0)
+    >>> sorted(optimizer.layer_scales())
+    ['dense', 'dense_1', 'loss']
+    """
+
+    def __init__(
+        self,
+        inner_optimizer: keras.optimizers.Optimizer,
+        *,
+        policy: str | policies.Policy = "max_safe",
+        initial_scale: float = 2.0**15,
+        name: str | None = None,
+        **kwargs,
+    ):
+        if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+            raise TypeError(
+                "AdaptiveLossScaleOptimizer wraps a keras.optimizers.Optimizer, e.g. "
+                f"AdaptiveLossScaleOptimizer(keras.optimizers.Adam()); got {inner_optimizer!r}."
+            )
+        if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+            raise ValueError(
+                "The inner optimizer is already a LossScaleOptimizer: pass the optimizer "
+                "inside it instead (its .inner_optimizer)."
+            )
+        resolved = policies.get(policy)
+        if not (
+            isinstance(initial_scale, (int, float))
+            and policies.MIN_SCALE <= initial_scale <= policies.MAX_SCALE
+            and math.frexp(initial_scale)[0] == 0.5
+        ):
+            raise ValueError(
+                "initial_scale must be a power of two between 2**-24 and 2**64, "
+                f"e.g. 2.0**15; got {initial_scale!r}."
+            )
+        super().__init__(inner_optimizer, initial_scale=float(initial_scale), name=name, **kwargs)
+        self.policy = resolved
+        self._warned_eager = False
+
+    @tracking.no_automatic_dependency_tracking
+    def build(self, var_list):
+        owners = []
+        for v in var_list:
+            owner = _owner(v)
+            if owner is not None and all(owner is not o for o in owners):
+                owners.append(owner)
+        self._scale_owners = owners
+        self._scale_names = [o.layer.name for o in owners]
+        self._layer_scale_variables = [
+            self.add_variable(
+                shape=(),
+                dtype="float32",
+                initializer=keras.initializers.Constant(self.initial_scale),
+                aggregation="none",
+                name=f"scale_{name}",
+            )
+            for name in self._scale_names
+        ]
+        self.skipped_steps = self.add_variable(
+            shape=(), dtype="int", initializer="zeros", aggregation="none", name="skipped_steps"
+        )
+        super().build(var_list)
+
+    @property
+    def loss_scale_variable(self):
+        """The scale variable of the loss's component, or None before `build`."""
+        return self.dynamic_scale if self.built else None
+
+    def scale_variable_for(self, wrapper):
+        """The scale variable of a wrapped layer, or None if it has none."""
+        if not self.built:
+            return None
+        for owner, variable in zip(self._scale_owners, self._layer_scale_variables):
+            if owner is wrapper:
+                return variable
+        return None
+
+    def layer_scales(self) -> dict[str, float]:
+        """The current scales: `"loss"` and one per wrapped layer, by layer name.
+
+        Example:
+
+        >>> import keras, keras_als
+        >>> keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD()).layer_scales()
+        {'loss': 32768.0}
+        """
+        if not self.built:
+            return {"loss": float(self.initial_scale)}
+        scales = {"loss": float(keras.ops.convert_to_numpy(self.dynamic_scale))}
+        for name, variable in zip(self._scale_names, self._layer_scale_variables):
+            scales[name] = float(keras.ops.convert_to_numpy(variable))
+        return scales
+
+    @tf.autograph.experimental.do_not_convert
+    def scale_loss(self, loss):
+        """Multiplies `loss` by its component's scale; plans the backward pass.
+
+        Call it inside the traced step, after the forward pass and before
+        `tape.gradient`, as `model.fit` does.
+        """
+        if not tf.inside_function() or not hasattr(loss, "graph"):
+            self._warn_eager()
+            return super().scale_loss(loss)
+        plan = _plan.make_plan(loss, self)
+        _plan.remember(self, plan)
+        return tf.cast(loss, tf.float32) * plan.scales[plan.loss_component]
+
+    def _warn_eager(self):
+        if not self._warned_eager:
+            self._warned_eager = True
+            warnings.warn(
+                "keras_als: the training step runs eagerly (run_eagerly=True or a custom "
+                "loop without tf.function), so there is no graph to plan layer-wise "
+                "scales; AdaptiveLossScaleOptimizer uses one dynamic loss scale, like "
+                "keras.optimizers.LossScaleOptimizer. Trace the step (the default in "
+                "model.compile, or @tf.function) for layer-wise scales.",
+                stacklevel=3,
+            )
+
+    @tf.autograph.experimental.do_not_convert
+    def apply(self, grads, trainable_variables=None):
+        plan = _plan.current(self)
+        if plan is None:
+            return super().apply(grads, trainable_variables)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        variables = (
+            list(trainable_variables)
+            if trainable_variables is not None
+            else self._trainable_variables
+        )
+        self._apply_planned(plan, list(grads), variables)
+
+    def _apply_planned(self, plan, grads, variables):
+        n = len(plan.components)
+        weight_amax = [[] for _ in range(n)]
+        unscaled = []
+        for g, v in zip(grads, variables):
+            if g is None or self._overwrite_variable_with_gradient(v):
+                unscaled.append(g)
+                continue
+            i = plan.index_of(v)
+            weight_amax[i].append(_boundary.amax(g))
+            unscaled.append(_divide(g, plan.scales[i]))
+        all_weight_amax = [a for group in weight_amax for a in group]
+        finite = (
+            tf.reduce_all(tf.math.is_finite(tf.stack(all_weight_amax)))
+            if all_weight_amax
+            else tf.constant(True)
+        )
+        statistics = self._statistics(plan, weight_amax)
+
+        def apply_step():
+            self.inner_optimizer.apply(unscaled, trainable_variables=variables)
+
+        keras.ops.cond(finite, apply_step, lambda: None)
+        self.skipped_steps.assign_add(tf.cast(tf.logical_not(finite), self.skipped_steps.dtype))
+        if plan.built:
+            new = policies.next_scale(self.policy, statistics, plan.scales)
+            for i, component in enumerate(plan.components):
+                for variable in [component.variable, *component.aliases]:
+                    variable.assign(new[i])
+
+    def _statistics(self, plan, weight_amax) -> policies.Statistics:
+        amax, mean_square, overflow = [], [], []
+        for i, component in enumerate(plan.components):
+            scale = plan.scales[i]
+            seen = list(weight_amax[i])
+            incoming_finite = []
+            for b in component.inside:
+                if b.gradient_amax is not None:
+                    seen.append(b.gradient_amax)
+            for b in component.feeding:
+                if b.gradient_amax is not None and b.ratio is not None:
+                    post = b.gradient_amax * b.ratio
+                    limit = b.inputs[0].dtype.max
+                    seen.append(tf.where(post > limit, float("inf"), post))
+                    incoming_finite.append(tf.math.is_finite(b.gradient_amax))
+            component_amax = tf.reduce_max(tf.stack(seen)) / scale if seen else tf.constant(0.0)
+            squares = [
+                b.gradient_mean_square
+                for b in component.inside
+                if b.gradient_mean_square is not None
+            ]
+            component_square = (
+                tf.add_n(squares) / len(squares) / (scale * scale) if squares else tf.constant(0.0)
+            )
+            came_in_finite = (
+                tf.reduce_all(tf.stack(incoming_finite)) if incoming_finite else tf.constant(True)
+            )
+            amax.append(component_amax)
+            mean_square.append(component_square)
+            overflow.append(
+                tf.logical_and(tf.logical_not(tf.math.is_finite(component_amax)), came_in_finite)
+            )
+        return policies.Statistics(
+            amax=tf.stack(amax),
+            mean_square=tf.stack(mean_square),
+            overflow=tf.stack(overflow),
+            downstream=plan.downstream(),
+            names=tuple(c.name for c in plan.components),
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("dynamic_growth_steps", None)
+        config["policy"] = keras.saving.serialize_keras_object(self.policy)
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        policy = config.pop("policy", "max_safe")
+        if isinstance(policy, dict):
+            policy = keras.saving.deserialize_keras_object(policy, custom_objects=custom_objects)
+        return cls(inner, policy=policy, **config)
+
+
+def _divide(gradient, scale):
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            _divide(gradient.values, scale), gradient.indices, gradient.dense_shape
+        )
+    if gradient.dtype == tf.float32:
+        return gradient / scale
+    return tf.cast(tf.cast(gradient, tf.float32) / scale, gradient.dtype)

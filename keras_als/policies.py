@@ -1,0 +1,309 @@
+"""Scale policies: pure functions from last step's statistics to next scales.
+
+A *scale component* is a region of the backward graph whose gradients all carry
+one scale (see `keras_als.AdaptiveLossScaleOptimizer`). After every step the
+optimizer measures, per component, the statistics in `Statistics` (in true,
+unscaled units) and asks a policy for the next scales:
+
+    next_scale = policy(statistics, scale)
+
+A policy is a frozen dataclass with no state of its own beyond its parameters;
+`scale` (the current scales) is the state. Every policy returns powers of two
+within `[MIN_SCALE, MAX_SCALE]`, so scaling never changes the mathematics.
+Non-finite statistics never reach a policy: `next_scale` handles them (the
+component where the overflow started backs off by `BACKOFF`, the others keep
+their scale).
+
+Example:
+
+>>> import numpy as np
+>>> from keras_als import policies
+>>> stats = policies.Statistics(
+...     amax=np.array([1.0, 2.0**-20], np.float32),
+...     mean_square=np.zeros(2, np.float32),
+...     overflow=np.array([False, False]))
+>>> policies.next_scale(policies.MaxSafe(margin=1), stats, np.ones(2, np.float32)).numpy()
+array([1.6384000e+04, 1.7179869e+10], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+FLOAT16_MAX = 65504.0
+"""Largest finite float16 value."""
+FLOAT16_TINY = 2.0**-24
+"""Smallest positive float16 value (subnormal), the paper's `u_min`."""
+MIN_SCALE = 2.0**-24
+"""Floor of every scale: 100 overflows in a row end here, never at zero."""
+MAX_SCALE = 2.0**64
+"""Ceiling of every scale: unscaled float32 gradients stay normal below it."""
+BACKOFF = 2.0**-4
+"""Factor applied to the scale of a component where an overflow started."""
+BLIND_GROWTH = 2.0**16
+"""Growth of a scale whose gradients were all zero (nothing to measure).
+
+Zero at scale `s` means every value was below `FLOAT16_TINY / s`; times
+`BLIND_GROWTH` they stay below `2**-8`, so this growth cannot overflow.
+"""
+
+
+class Statistics(NamedTuple):
+    """What the last step saw in each scale component.
+
+    Every array has one entry per component, in true (unscaled) units.
+
+    Attributes:
+        amax: Largest absolute gradient value seen in the component: at the
+            inputs of its wrapped layers and in its weight gradients. Zero where
+            every value was zero; inf or NaN where a non-finite value was seen.
+        mean_square: Mean of the squared gradient at the inputs of the wrapped
+            layers whose output lies in the component (zero where there is none).
+            Only `ApproxRange` reads it.
+        overflow: True where non-finite values started in this component, rather
+            than flowing in from a component downstream.
+        downstream: For each component, the components whose gradients flow
+            into it through a scale boundary (static structure).
+        names: A name for each component: the wrapped layer whose scale
+            variable holds it, or `"loss"` (static).
+
+    Example:
+
+    >>> import numpy as np
+    >>> s = Statistics(amax=np.ones(1), mean_square=np.ones(1),
+    ...                overflow=np.zeros(1, bool))
+    >>> s.names
+    ()
+    """
+
+    amax: tf.Tensor
+    mean_square: tf.Tensor
+    overflow: tf.Tensor
+    downstream: tuple[tuple[int, ...], ...] = ()
+    names: tuple[str, ...] = ()
+
+
+def power_of_two_floor(x: tf.Tensor) -> tf.Tensor:
+    """Largest power of two at most `x`, clamped to `[MIN_SCALE, MAX_SCALE]`.
+
+    Example:
+
+    >>> power_of_two_floor(np.array([3.0, 0.0, np.inf], np.float32)).numpy()
+    array([2.0000000e+00, 5.9604645e-08, 1.8446744e+19], dtype=float32)
+    """
+    x = tf.convert_to_tensor(x, tf.float32)
+    x = tf.where(tf.math.is_nan(x), tf.ones_like(x), x)
+    x = tf.clip_by_value(x, MIN_SCALE, MAX_SCALE)
+    return tf.pow(2.0, tf.floor(tf.math.log(x) / math.log(2.0)))
+
+
+@keras.saving.register_keras_serializable(package="keras_als")
+@dataclasses.dataclass(frozen=True)
+class MaxSafe:
+    """The largest power of two that keeps the largest gradient finite.
+
+    `scale = 2**floor(log2(FLOAT16_MAX / amax)) / 2**margin`, from the last
+    step's largest gradient value (delayed scaling, as in NVIDIA Transformer
+    Engine's amax recipe). The `margin` absorbs growth from one batch to the
+    next; a component whose gradients were all zero grows by `BLIND_GROWTH`.
+
+    Args:
+        margin: Powers of two of headroom below `FLOAT16_MAX`.
+
+    Example:
+
+    >>> stats = Statistics(amax=np.array([1.0, 0.0], np.float32),
+    ...                    mean_square=np.zeros(2, np.float32),
+    ...                    overflow=np.zeros(2, bool))
+    >>> next_scale(MaxSafe(margin=2), stats, np.ones(2, np.float32)).numpy()
+    array([ 8192., 65536.], dtype=float32)
+    """
+
+    margin: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.margin, int) or self.margin < 0:
+            raise ValueError(f"MaxSafe(margin=...) takes a whole number >= 0, got {self.margin!r}.")
+
+    def __call__(self, statistics: Statistics, scale: tf.Tensor) -> tf.Tensor:
+        amax = tf.convert_to_tensor(statistics.amax, tf.float32)
+        scale = tf.convert_to_tensor(scale, tf.float32)
+        safe = FLOAT16_MAX / 2.0**self.margin / tf.maximum(amax, 1e-38)
+        return tf.where(amax > 0, safe, scale * BLIND_GROWTH)
+
+    def get_config(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@keras.saving.register_keras_serializable(package="keras_als")
+@dataclasses.dataclass(frozen=True)
+class ApproxRange:
+    """The paper's rule: bound the expected underflow rate of each layer.
+
+    Zhao, Vogel and Ahmed (2019) model a layer's input gradient as a zero-mean
+    Gaussian with standard deviation `sd` and choose the scale at which at most
+    `underflow_rate` of it falls below `u_min = FLOAT16_TINY`:
+
+        z = sqrt(2) * erfinv(underflow_rate)
+        alpha = u_min / (z * sd) / P        # P: scale the gradient arrives with
+        alpha = clip(alpha, 1, max_ratio)   # per-layer bound (paper: 16)
+        scale = min(P * alpha, max_scale)   # accumulated bound (paper: 1024)
+        scale = min(scale, FLOAT16_MAX / amax)   # overflow bound
+
+    rounded down to a power of two. The paper predicts `sd` from moments of the
+    incoming gradient and of the weights because it has no earlier step; here
+    `sd` is measured on the previous step (`sqrt(mean_square)`), and `P` is the
+    smallest current scale among the components downstream (1 for the loss's).
+    The defaults are the paper's; `max_ratio=None, max_scale=None` lifts the
+    bounds, which cap very deep nets far below what they need.
+
+    Args:
+        underflow_rate: Tolerated expected share of underflowing values.
+        max_ratio: Largest ratio between a component and its downstream, or None.
+        max_scale: Largest absolute scale, or None.
+
+    Example:
+
+    >>> stats = Statistics(amax=np.array([1e-6], np.float32),
+    ...                    mean_square=np.array([1e-14], np.float32),
+    ...                    overflow=np.zeros(1, bool), downstream=((),))
+    >>> next_scale(ApproxRange(), stats, np.ones(1, np.float32)).numpy()  # capped at 16
+    array([16.], dtype=float32)
+    """
+
+    underflow_rate: float = 1e-3
+    max_ratio: float | None = 16.0
+    max_scale: float | None = 1024.0
+
+    def __post_init__(self):
+        if not 0.0 < self.underflow_rate < 1.0:
+            raise ValueError(
+                "ApproxRange(underflow_rate=...) must lie strictly between 0 and 1, "
+                f"got {self.underflow_rate!r}."
+            )
+        for name in ("max_ratio", "max_scale"):
+            value = getattr(self, name)
+            if value is not None and not value >= 1.0:
+                raise ValueError(f"ApproxRange({name}=...) must be None or >= 1, got {value!r}.")
+
+    def __call__(self, statistics: Statistics, scale: tf.Tensor) -> tf.Tensor:
+        amax = tf.convert_to_tensor(statistics.amax, tf.float32)
+        scale = tf.convert_to_tensor(scale, tf.float32)
+        mean_square = tf.convert_to_tensor(statistics.mean_square, tf.float32)
+        z = math.sqrt(2.0) * float(tf.math.erfinv(self.underflow_rate))
+        sd = tf.sqrt(mean_square)
+        target = FLOAT16_TINY / (z * tf.maximum(sd, 1e-38))
+        arriving = _arriving_scale(statistics, scale)
+        ratio = tf.maximum(target / arriving, 1.0)
+        if self.max_ratio is not None:
+            ratio = tf.minimum(ratio, self.max_ratio)
+        proposed = arriving * ratio
+        if self.max_scale is not None:
+            proposed = tf.minimum(proposed, self.max_scale)
+        proposed = tf.where(
+            amax > 0, tf.minimum(proposed, FLOAT16_MAX / tf.maximum(amax, 1e-38)), proposed
+        )
+        return tf.where(sd > 0, proposed, scale)
+
+    def get_config(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _arriving_scale(statistics: Statistics, scale: tf.Tensor) -> tf.Tensor:
+    """Per component, the smallest scale among the components downstream of it."""
+    n = int(scale.shape[0])
+    downstream = statistics.downstream or ((),) * n
+    arriving = [
+        tf.reduce_min(tf.gather(scale, list(d))) if d else tf.constant(1.0) for d in downstream
+    ]
+    return tf.stack(arriving) if arriving else scale
+
+
+@keras.saving.register_keras_serializable(package="keras_als")
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+    """Given scales, for baselines and tests: `scales[name]`, else `default`.
+
+    Args:
+        default: Scale of every component not named in `scales`.
+        scales: Scale per component name (a wrapped layer's name or `"loss"`).
+
+    Example:
+
+    >>> stats = Statistics(amax=np.ones(2), mean_square=np.ones(2),
+    ...                    overflow=np.zeros(2, bool), names=("loss", "dense"))
+    >>> next_scale(Fixed(scales={"dense": 8.0}), stats, np.ones(2)).numpy()
+    array([1., 8.], dtype=float32)
+    """
+
+    default: float = 1.0
+    scales: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        for value in [self.default, *self.scales.values()]:
+            if not (value > 0 and math.frexp(value)[0] == 0.5):
+                raise ValueError(f"Fixed scales must be powers of two (2.0**k), got {value!r}.")
+
+    def __hash__(self):
+        return hash((self.default, tuple(sorted(self.scales.items()))))
+
+    def __call__(self, statistics: Statistics, scale: tf.Tensor) -> tf.Tensor:
+        n = int(np.shape(scale)[0])
+        names = statistics.names or ("",) * n
+        return tf.constant([self.scales.get(name, self.default) for name in names], tf.float32)
+
+    def get_config(self) -> dict:
+        return {"default": self.default, "scales": dict(self.scales)}
+
+
+Policy = MaxSafe | ApproxRange | Fixed
+
+_BY_NAME = {"max_safe": MaxSafe, "approx_range": ApproxRange, "fixed": Fixed}
+
+
+def get(identifier: str | Policy) -> Policy:
+    """Returns a policy from its name (`"max_safe"`, ...) or returns it as is.
+
+    Example:
+
+    >>> get("approx_range")
+    ApproxRange(underflow_rate=0.001, max_ratio=16.0, max_scale=1024.0)
+    """
+    if isinstance(identifier, (MaxSafe, ApproxRange, Fixed)):
+        return identifier
+    if isinstance(identifier, str) and identifier in _BY_NAME:
+        return _BY_NAME[identifier]()
+    raise ValueError(
+        f"Unknown scale policy {identifier!r}: pass one of {sorted(_BY_NAME)} or an "
+        "instance such as keras_als.policies.MaxSafe(margin=2)."
+    )
+
+
+def next_scale(policy: Policy, statistics: Statistics, scale: tf.Tensor) -> tf.Tensor:
+    """The scales for the next step: the policy's where the statistics are finite.
+
+    Where an overflow started the scale backs off by `BACKOFF`; where non-finite
+    values only flowed in from downstream it stays; elsewhere the policy decides.
+    The result is always a power of two within `[MIN_SCALE, MAX_SCALE]`.
+
+    Example:
+
+    >>> stats = Statistics(amax=np.array([np.inf, np.nan], np.float32),
+    ...                    mean_square=np.zeros(2, np.float32),
+    ...                    overflow=np.array([True, False]))
+    >>> next_scale(MaxSafe(), stats, np.array([1024.0, 8.0], np.float32)).numpy()
+    array([64.,  8.], dtype=float32)
+    """
+    scale = tf.convert_to_tensor(scale, tf.float32)
+    amax = tf.convert_to_tensor(statistics.amax, tf.float32)
+    overflow = tf.convert_to_tensor(statistics.overflow, tf.bool)
+    finite = tf.math.is_finite(amax)
+    proposed = policy(statistics, scale)
+    chosen = tf.where(overflow, scale * BACKOFF, tf.where(finite, proposed, scale))
+    return power_of_two_floor(chosen)

@@ -1,0 +1,138 @@
+"""Small real Keras models of every shape the invariant must hold on.
+
+Each builder returns `(model, x, y)`: a built model (not yet wrapped) and a
+batch of data it trains on. `y` may be a list for several outputs.
+"""
+
+import keras
+import numpy as np
+from keras import layers
+
+
+def _rng():
+    return np.random.default_rng(7)
+
+
+def sequential_mlp():
+    model = keras.Sequential(
+        [
+            keras.Input((12,)),
+            layers.Dense(32, activation="relu"),
+            layers.Dense(32, activation="tanh"),
+            layers.Dense(16, activation="relu"),
+            layers.Dense(4),
+        ]
+    )
+    rng = _rng()
+    return (
+        model,
+        rng.normal(size=(64, 12)).astype("float32"),
+        rng.normal(size=(64, 4)).astype("float32"),
+    )
+
+
+def residual_cnn():
+    inputs = keras.Input((8, 8, 3))
+    h = layers.Conv2D(8, 3, padding="same")(inputs)
+    h = layers.BatchNormalization()(h)
+    h = layers.Activation("relu")(h)
+    skip = h
+    h = layers.Conv2D(8, 3, padding="same")(h)
+    h = layers.BatchNormalization()(h)
+    h = layers.Activation("relu")(h)
+    h = layers.Conv2D(8, 3, padding="same")(h)
+    h = layers.Add()([h, skip])
+    h = layers.GlobalAveragePooling2D()(h)
+    outputs = layers.Dense(5)(h)
+    rng = _rng()
+    x = rng.normal(size=(32, 8, 8, 3)).astype("float32")
+    y = rng.normal(size=(32, 5)).astype("float32")
+    return keras.Model(inputs, outputs), x, y
+
+
+def fan_out_concat():
+    inputs = keras.Input((10,))
+    shared = layers.Dense(16, activation="relu")(inputs)
+    left = layers.Dense(8, activation="sigmoid")(shared)
+    right = layers.Dense(8, activation="tanh")(shared)
+    h = layers.Concatenate()([left, right])
+    outputs = layers.Dense(3)(h)
+    rng = _rng()
+    return (
+        keras.Model(inputs, outputs),
+        rng.normal(size=(48, 10)).astype("float32"),
+        rng.normal(size=(48, 3)).astype("float32"),
+    )
+
+
+def shared_layer():
+    inputs = keras.Input((16,))
+    h = layers.Dense(16, activation="relu")(inputs)
+    twice = layers.Dense(16, activation="tanh")
+    h = twice(twice(h))
+    outputs = layers.Dense(2)(h)
+    rng = _rng()
+    return (
+        keras.Model(inputs, outputs),
+        rng.normal(size=(48, 16)).astype("float32"),
+        rng.normal(size=(48, 2)).astype("float32"),
+    )
+
+
+def two_outputs():
+    inputs = keras.Input((10,))
+    h = layers.Dense(24, activation="relu")(inputs)
+    first = layers.Dense(3, name="first")(layers.Dense(12, activation="relu")(h))
+    second = layers.Dense(1, name="second")(h)
+    rng = _rng()
+    x = rng.normal(size=(48, 10)).astype("float32")
+    y = [rng.normal(size=(48, 3)).astype("float32"), rng.normal(size=(48, 1)).astype("float32")]
+    return keras.Model(inputs, [first, second]), x, y
+
+
+def transformer_block(vocabulary=50, length=12, width=16):
+    tokens = keras.Input((length,), dtype="int32")
+    h = layers.Embedding(vocabulary, width)(tokens)
+    attention = layers.MultiHeadAttention(num_heads=2, key_dim=8)(h, h)
+    h = layers.LayerNormalization()(layers.Add()([h, attention]))
+    feed = layers.Dense(width)(layers.Dense(32, activation="relu")(h))
+    h = layers.LayerNormalization()(layers.Add()([h, feed]))
+    outputs = layers.Dense(4)(layers.GlobalAveragePooling1D()(h))
+    rng = _rng()
+    x = rng.integers(0, vocabulary, size=(32, length)).astype("int32")
+    y = rng.normal(size=(32, 4)).astype("float32")
+    return keras.Model(tokens, outputs), x, y
+
+
+def deep_sigmoid_mlp(depth=12, width=32, features=16):
+    """Gradients shrink by about 4x per sigmoid layer: a range no single scale serves."""
+    model = keras.Sequential(
+        [keras.Input((features,))]
+        + [layers.Dense(width, activation="sigmoid") for _ in range(depth)]
+        + [layers.Dense(1)]
+    )
+    rng = _rng()
+    x = rng.normal(size=(64, features)).astype("float32")
+    y = rng.normal(size=(64, 1)).astype("float32")
+    return model, x, y
+
+
+ALL_SHAPES = {
+    "sequential_mlp": sequential_mlp,
+    "residual_cnn": residual_cnn,
+    "fan_out_concat": fan_out_concat,
+    "shared_layer": shared_layer,
+    "two_outputs": two_outputs,
+    "transformer_block": transformer_block,
+}
+
+
+def copy_of(model):
+    """An unwrapped copy of `model` with the same weights (the reference)."""
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def loss_for(model):
+    return ["mse"] * len(model.outputs) if len(model.outputs) > 1 else "mse"

@@ -1,0 +1,97 @@
+"""The invariant: scaling never changes the mathematics.
+
+Under the float32 policy every power-of-two scale is exact, so training with
+keras_als (scales that differ per layer) must give the weights that training
+without loss scaling gives, on every model shape.
+
+Two checks. Against the same wrapped model with every scale 1: equal to the
+bit. Against the plain, unwrapped model: relative difference at most 1e-6,
+measured against the model's largest weight. The boundary ops change how
+TensorFlow orders some reductions, which moves rounding by ~1e-7; a variable
+whose exact gradient is zero (the attention key bias, which softmax ignores)
+holds only that rounding noise, so it is measured on the model's scale.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_als
+from keras_als import policies
+from tests import models
+
+BATCH = 16
+
+
+def _inner(name):
+    return (
+        keras.optimizers.SGD(0.05, momentum=0.5) if name == "sgd" else keras.optimizers.Adam(1e-2)
+    )
+
+
+def _train(model, optimizer, x, y, jit_compile=False):
+    model.compile(optimizer=optimizer, loss=models.loss_for(model), jit_compile=jit_compile)
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+def _per_layer_fixed(model):
+    """Scales 2**-3 .. 2**20 that differ from layer to layer (and from the loss's)."""
+    names = [layer.layer.name for layer in _wrappers(model)]
+    return policies.Fixed(
+        default=2.0**5,
+        scales={n: 2.0 ** (20 - 7 * (i % 4)) for i, n in enumerate(names)} | {"loss": 2.0**-3},
+    )
+
+
+def _wrappers(model):
+    found = []
+    for layer in model.layers:
+        if isinstance(layer, keras_als.AdaptiveScaled):
+            found.append(layer)
+        elif isinstance(layer, keras.Model):
+            found += _wrappers(layer)
+    return found
+
+
+def assert_same_weights(actual, expected, rtol=1e-6):
+    assert len(actual) == len(expected)
+    largest = max(np.max(np.abs(e)) for e in expected)
+    for a, e in zip(actual, expected):
+        assert np.max(np.abs(a - e)) / largest <= rtol
+
+
+@pytest.mark.parametrize("inner", ["sgd", "adam"])
+@pytest.mark.parametrize("shape", sorted(models.ALL_SHAPES))
+def test_training_gives_the_weights_of_training_without_scaling(shape, inner):
+    model, x, y = models.ALL_SHAPES[shape]()
+    reference = _train(models.copy_of(model), _inner(inner), x, y)
+
+    wrapped = keras_als.wrap_model(model)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(
+        _inner(inner), policy=_per_layer_fixed(wrapped)
+    )
+    actual = _train(wrapped, optimizer, x, y)
+
+    assert len(set(optimizer.layer_scales().values())) > 1, optimizer.layer_scales()
+    assert int(optimizer.skipped_steps.numpy()) == 0
+    assert int(optimizer.iterations.numpy()) == 2 * -(-len(x) // BATCH)
+    assert_same_weights(actual, reference)
+
+    unscaled = keras_als.wrap_model(model)
+    ones = keras_als.AdaptiveLossScaleOptimizer(_inner(inner), policy=policies.Fixed(default=1.0))
+    for a, e in zip(actual, _train(unscaled, ones, x, y)):
+        np.testing.assert_array_equal(a, e)
+
+
+@pytest.mark.parametrize("shape", sorted(models.ALL_SHAPES))
+def test_max_safe_scales_leave_the_weights_unchanged_under_xla(shape):
+    model, x, y = models.ALL_SHAPES[shape]()
+    reference = _train(models.copy_of(model), _inner("adam"), x, y, jit_compile=True)
+
+    wrapped = keras_als.wrap_model(model)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(_inner("adam"), policy="max_safe")
+    actual = _train(wrapped, optimizer, x, y, jit_compile=True)
+
+    assert len(set(optimizer.layer_scales().values())) > 1, optimizer.layer_scales()
+    assert_same_weights(actual, reference)
