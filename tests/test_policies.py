@@ -1,0 +1,151 @@
+"""Scale policies against closed-form values, without a model."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keras_als import policies
+from keras_als.policies import ApproxRange, Fixed, MaxSafe, Statistics, next_scale
+
+
+def stats(amax, mean_square=None, overflow=None, downstream=(), names=()):
+    amax = np.asarray(amax, np.float32)
+    return Statistics(
+        amax=amax,
+        mean_square=np.zeros_like(amax) if mean_square is None else np.float32(mean_square),
+        overflow=np.zeros(amax.shape, bool) if overflow is None else np.asarray(overflow),
+        downstream=downstream,
+        names=names,
+    )
+
+
+def scales(policy, statistics, current):
+    return next_scale(policy, statistics, np.asarray(current, np.float32)).numpy()
+
+
+def test_max_safe_is_the_largest_power_of_two_below_float16_max_with_margin():
+    # 65504 / 2 / 1 = 32752 -> 2**14; 65504 / 2 * 2**20 = 2**34.999 -> 2**34.
+    np.testing.assert_array_equal(
+        scales(MaxSafe(margin=1), stats([1.0, 2.0**-20]), [1.0, 1.0]), [2.0**14, 2.0**34]
+    )
+    np.testing.assert_array_equal(scales(MaxSafe(margin=0), stats([1.0]), [1.0]), [2.0**15])
+
+
+def test_max_safe_default_margin_is_six_powers_of_two():
+    assert scales(MaxSafe(), stats([1.0]), [1.0])[0] == 2.0**9  # 65504 / 64 = 1023.5 -> 2**9
+
+
+def test_max_safe_grows_a_blind_scale_by_a_bounded_factor():
+    np.testing.assert_array_equal(scales(MaxSafe(), stats([0.0]), [8.0]), [8.0 * 2.0**16])
+
+
+def test_overflow_backs_off_only_where_it_started():
+    statistics = stats([np.inf, np.nan, 1.0], overflow=[True, False, False])
+    np.testing.assert_array_equal(
+        scales(MaxSafe(margin=1), statistics, [1024.0, 8.0, 1.0]), [64.0, 8.0, 2.0**14]
+    )
+
+
+def test_scales_stay_within_the_floor_and_ceiling():
+    low = scales(MaxSafe(), stats([np.inf], overflow=[True]), [policies.MIN_SCALE])
+    high = scales(MaxSafe(), stats([0.0]), [policies.MAX_SCALE])
+    huge_gradient = scales(MaxSafe(), stats([3e38]), [1.0])
+    assert low[0] == policies.MIN_SCALE
+    assert high[0] == policies.MAX_SCALE
+    assert huge_gradient[0] == policies.MIN_SCALE
+
+
+def test_erfinv_matches_known_values():
+    assert policies._erfinv(0.5) == pytest.approx(0.4769362762044699, abs=1e-12)
+    assert policies._erfinv(1e-3) == pytest.approx(8.862271574e-4, rel=1e-6)
+
+
+def test_approx_range_follows_the_paper_with_its_default_bounds():
+    z = math.sqrt(2) * policies._erfinv(1e-3)
+    sd = 1e-7
+    target = 2.0**-24 / (z * sd)  # 475.9: the scale at 0.1% expected underflow
+    assert 256 < target < 512
+    # Loss-side component (P = 1): alpha = min(475.9, 16) -> 16.
+    assert scales(ApproxRange(), stats([1e-6], [sd**2], downstream=((),)), [1.0])[0] == 16.0
+    # Without the bounds: floor to a power of two -> 256.
+    unbounded = ApproxRange(max_ratio=None, max_scale=None)
+    assert scales(unbounded, stats([1e-6], [sd**2], downstream=((),)), [1.0])[0] == 256.0
+
+
+def test_approx_range_bounds_each_ratio_and_the_accumulated_scale():
+    sd = 1e-12  # target far above every bound
+    statistics = stats([1e-11, 1e-11], [sd**2, sd**2], downstream=((), (0,)))
+    # Component 1 receives its gradient at component 0's scale (512): 512*16 -> 1024 cap.
+    np.testing.assert_array_equal(scales(ApproxRange(), statistics, [512.0, 512.0]), [16.0, 1024.0])
+    # alpha >= 1: a component never drops below the scale its gradient arrives with.
+    loud = stats([1.0, 1.0], [1.0, 1.0], downstream=((), (0,)))
+    np.testing.assert_array_equal(scales(ApproxRange(), loud, [4.0, 1.0]), [1.0, 4.0])
+
+
+def test_approx_range_never_exceeds_the_overflow_bound():
+    statistics = stats([1000.0], [1e-30], downstream=((),))
+    unbounded = ApproxRange(max_ratio=None, max_scale=None)
+    assert scales(unbounded, statistics, [1.0])[0] == 64.0  # 65504 / 1000 = 65.5 -> 64
+
+
+def test_fixed_returns_the_named_scales():
+    statistics = stats([1.0, 1.0, 1.0], names=("loss", "dense", "conv"))
+    policy = Fixed(default=4.0, scales={"dense": 2.0**10, "loss": 0.5})
+    np.testing.assert_array_equal(scales(policy, statistics, [1.0] * 3), [0.5, 1024.0, 4.0])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Fixed(scales={"dense": 3.0}),
+        lambda: Fixed(default=0.0),
+        lambda: MaxSafe(margin=-1),
+        lambda: ApproxRange(underflow_rate=0.0),
+        lambda: ApproxRange(max_ratio=0.5),
+    ],
+)
+def test_invalid_policy_arguments_raise_value_error(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+def test_get_resolves_names_and_rejects_unknown_ones():
+    assert policies.get("max_safe") == MaxSafe()
+    assert policies.get("approx_range") == ApproxRange()
+    policy = MaxSafe(margin=3)
+    assert policies.get(policy) is policy
+    with pytest.raises(ValueError, match="max_safe"):
+        policies.get("dynamic")
+
+
+finite_or_not = st.one_of(
+    st.floats(min_value=0, max_value=3e38, allow_subnormal=True),
+    st.sampled_from([0.0, 2.0**-149, 6e-8, np.inf, np.nan, 65504.0]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    amax=st.lists(finite_or_not, min_size=1, max_size=4),
+    current_log2=st.integers(-24, 64),
+    mean_square=finite_or_not,
+    overflow=st.booleans(),
+    policy=st.sampled_from(
+        [MaxSafe(), MaxSafe(margin=4), ApproxRange(), ApproxRange(max_ratio=None, max_scale=None)]
+    ),
+)
+def test_any_statistics_give_finite_powers_of_two_within_bounds(
+    amax, current_log2, mean_square, overflow, policy
+):
+    n = len(amax)
+    statistics = stats(
+        amax, [mean_square] * n, [overflow] * n, downstream=tuple(() for _ in range(n))
+    )
+    result = scales(policy, statistics, [2.0**current_log2] * n)
+    assert np.all(np.isfinite(result))
+    assert np.all((result >= policies.MIN_SCALE) & (result <= policies.MAX_SCALE))
+    mantissa, _ = np.frexp(result)
+    assert np.all(mantissa == 0.5)
