@@ -146,6 +146,10 @@ class MaxSafe:
     def get_config(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_config(cls, config: dict):
+        return cls(**config)
+
 
 @keras.saving.register_keras_serializable(package="keras_als")
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +224,10 @@ class ApproxRange:
     def get_config(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_config(cls, config: dict):
+        return cls(**config)
+
 
 def _erfinv(y: float) -> float:
     """Inverse error function for 0 < y < 1, by Newton's method on `math.erf`."""
@@ -277,6 +285,10 @@ class Fixed:
 
     def get_config(self) -> dict:
         return {"default": self.default, "scales": dict(self.scales)}
+
+    @classmethod
+    def from_config(cls, config: dict):
+        return cls(**config)
 
 
 Policy = MaxSafe | ApproxRange | Fixed

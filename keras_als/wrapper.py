@@ -76,6 +76,10 @@ class AdaptiveScaled(keras.layers.Wrapper):
         mark_owner(self, self.layer.trainable_weights)
         return outputs
 
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return super().from_config(dict(config), custom_objects=custom_objects)
+
     def compute_mask(self, inputs, mask=None):
         return self.layer.compute_mask(inputs, mask)
 
@@ -140,7 +144,15 @@ def wrap_model(model: keras.Model) -> keras.Model:
             return clone
         return AdaptiveScaled(clone)
 
-    wrapped = keras.models.clone_model(model, clone_function=wrap)
+    inputs = None
+    if not isinstance(model, keras.Sequential):
+        # Fresh inputs with the original names (clone_model would rename them).
+        inputs = [
+            keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t._keras_history.operation.name)
+            for t in keras.tree.flatten(model.input)
+        ]
+        inputs = keras.tree.pack_sequence_as(model.input, inputs)
+    wrapped = keras.models.clone_model(model, input_tensors=inputs, clone_function=wrap)
     wrapped.set_weights(model.get_weights())
     return wrapped
 

@@ -1,0 +1,118 @@
+"""AdaptiveLossScaleOptimizer: configuration, errors, saving, the backend check."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_als
+from keras_als import policies
+from tests import models
+
+
+def test_config_round_trip_keeps_the_policy_and_the_inner_optimizer():
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(
+        keras.optimizers.Adam(3e-4),
+        policy=policies.ApproxRange(max_ratio=None),
+        initial_scale=2.0**8,
+    )
+    config = optimizer.get_config()
+    restored = keras_als.AdaptiveLossScaleOptimizer.from_config(config)
+    assert restored.get_config() == config
+    assert restored.policy == policies.ApproxRange(max_ratio=None)
+    assert restored.initial_scale == 2.0**8
+    assert isinstance(restored.inner_optimizer, keras.optimizers.Adam)
+    serialized = keras.saving.serialize_keras_object(optimizer)
+    again = keras.saving.deserialize_keras_object(serialized)
+    assert type(again) is keras_als.AdaptiveLossScaleOptimizer
+
+
+def test_fixed_policy_survives_serialization():
+    policy = policies.Fixed(default=4.0, scales={"dense": 2.0**10})
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(), policy=policy)
+    restored = keras_als.AdaptiveLossScaleOptimizer.from_config(optimizer.get_config())
+    assert restored.policy == policy
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: keras_als.AdaptiveLossScaleOptimizer("adam"), TypeError, "keras.optimizers"),
+        (
+            lambda: keras_als.AdaptiveLossScaleOptimizer(
+                keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+            ),
+            ValueError,
+            "inner_optimizer",
+        ),
+        (
+            lambda: keras_als.AdaptiveLossScaleOptimizer(
+                keras.optimizers.SGD(), initial_scale=1000
+            ),
+            ValueError,
+            "power of two",
+        ),
+        (
+            lambda: keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(), policy="dynamic"),
+            ValueError,
+            "max_safe",
+        ),
+        (
+            lambda: keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(), clipnorm=1.0),
+            ValueError,
+            "inner_optimizer",
+        ),
+    ],
+)
+def test_invalid_arguments_name_the_fix(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_layer_scales_before_and_after_build():
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(), initial_scale=2.0**4)
+    assert optimizer.layer_scales() == {"loss": 16.0}
+    model = keras_als.wrap_model(models.sequential_mlp()[0])
+    optimizer.build(model.trainable_variables)
+    assert optimizer.layer_scales() == {
+        "loss": 16.0,
+        "dense": 16.0,
+        "dense_1": 16.0,
+        "dense_2": 16.0,
+        "dense_3": 16.0,
+    }
+
+
+def test_saved_model_restores_wrappers_optimizer_and_scales(tmp_path):
+    model, x, y = models.residual_cnn()
+    model = keras_als.wrap_model(model)
+    model.compile(
+        optimizer=keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam()), loss="mse"
+    )
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+
+    assert type(loaded.optimizer) is keras_als.AdaptiveLossScaleOptimizer
+    assert any(isinstance(layer, keras_als.AdaptiveScaled) for layer in loaded.layers)
+    assert loaded.optimizer.layer_scales() == model.optimizer.layer_scales()
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    loaded.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    for a, b in zip(loaded.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert loaded.optimizer.layer_scales() == model.optimizer.layer_scales()
+
+
+def test_import_fails_clearly_on_another_backend():
+    # Other backends need packages not installed here (jax, torch), so the
+    # backend Keras reports is replaced before keras_als checks it.
+    code = "import keras; keras.config.backend = lambda: 'jax'; import keras_als"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "KERAS_BACKEND=tensorflow" in result.stderr

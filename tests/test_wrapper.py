@@ -1,0 +1,169 @@
+"""AdaptiveScaled and wrap_model: same function, same weights, no surprises."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import layers
+
+import keras_als
+from tests import models
+
+
+def _single_layer_model(kind):
+    rng = np.random.default_rng(3)
+    if kind == "Embedding":
+        inputs = keras.Input((6,), dtype="int32")
+        x = rng.integers(0, 20, size=(4, 6)).astype("int32")
+        return keras.Model(inputs, layers.Embedding(20, 5)(inputs)), x
+    shapes = {"Conv1D": (10, 3), "Conv2D": (6, 6, 3), "MultiHeadAttention": (5, 8)}
+    inputs = keras.Input(shapes.get(kind, (7,)))
+    make = {
+        "Dense": lambda: layers.Dense(4),
+        "Conv1D": lambda: layers.Conv1D(4, 3),
+        "Conv2D": lambda: layers.Conv2D(4, 3),
+        "BatchNormalization": lambda: layers.BatchNormalization(),
+        "LayerNormalization": lambda: layers.LayerNormalization(),
+    }
+    if kind == "MultiHeadAttention":
+        outputs = layers.MultiHeadAttention(num_heads=2, key_dim=4)(inputs, inputs)
+    else:
+        outputs = make[kind]()(inputs)
+    x = rng.normal(size=(4, *shapes.get(kind, (7,)))).astype("float32")
+    return keras.Model(inputs, outputs), x
+
+
+LAYER_KINDS = [
+    "Dense",
+    "Conv1D",
+    "Conv2D",
+    "BatchNormalization",
+    "LayerNormalization",
+    "Embedding",
+    "MultiHeadAttention",
+]
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+def test_wrapped_layer_computes_the_same_outputs_and_gradients(kind):
+    model, x = _single_layer_model(kind)
+    wrapped = keras_als.wrap_model(model)
+    assert isinstance(wrapped.layers[-1], keras_als.AdaptiveScaled)
+    np.testing.assert_array_equal(wrapped(x, training=False), model(x, training=False))
+
+    def gradients(m):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(m(x, training=True)))
+        return tape.gradient(loss, m.trainable_variables)
+
+    for a, b in zip(gradients(wrapped), gradients(model), strict=True):
+        np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), rtol=1e-6)
+
+
+def test_wrap_model_copies_weights_without_sharing_them():
+    model, x, _ = models.sequential_mlp()
+    wrapped = keras_als.wrap_model(model)
+    np.testing.assert_array_equal(wrapped.predict(x, verbose=0), model.predict(x, verbose=0))
+    wrapped.layers[0].layer.kernel.assign(np.zeros_like(wrapped.layers[0].layer.kernel))
+    assert np.any(model.layers[0].kernel.numpy() != 0)
+
+
+def test_summary_counts_the_same_parameters():
+    model, _, _ = models.residual_cnn()
+    wrapped = keras_als.wrap_model(model)
+    assert wrapped.count_params() == model.count_params()
+    assert len(wrapped.non_trainable_weights) == len(model.non_trainable_weights)
+    lines = []
+    wrapped.summary(print_fn=lambda line, **_: lines.append(line))
+    text = "\n".join(lines)
+    assert "conv2d_scaled" in text and "AdaptiveScaled" in text
+
+
+def test_wrap_model_keeps_input_names_and_leaves_weightless_layers_alone():
+    model, _, _ = models.fan_out_concat()
+    wrapped = keras_als.wrap_model(model)
+    kinds = [type(layer).__name__ for layer in wrapped.layers]
+    assert kinds.count("AdaptiveScaled") == 4
+    assert "Concatenate" in kinds
+    assert wrapped.layers[0].name == model.layers[0].name
+
+
+def test_wrap_model_wraps_inside_nested_models():
+    inner = keras.Sequential([keras.Input((5,)), layers.Dense(5, activation="relu")], name="inner")
+    inputs = keras.Input((5,))
+    model = keras.Model(inputs, layers.Dense(2)(inner(inputs)))
+    wrapped = keras_als.wrap_model(model)
+    nested = [layer for layer in wrapped.layers if isinstance(layer, keras.Sequential)]
+    assert len(nested) == 1 and isinstance(nested[0].layers[0], keras_als.AdaptiveScaled)
+    x = np.ones((3, 5), "float32")
+    np.testing.assert_allclose(wrapped(x), model(x), rtol=1e-6)
+
+
+def test_wrapping_twice_wraps_nothing_more():
+    model, _, _ = models.sequential_mlp()
+    twice = keras_als.wrap_model(keras_als.wrap_model(model))
+    assert all(type(layer.layer) is not keras_als.AdaptiveScaled for layer in twice.layers)
+    with pytest.raises(ValueError, match="already wrapped"):
+        keras_als.AdaptiveScaled(twice.layers[0])
+
+
+def test_subclassed_model_is_refused_with_the_way_to_do_it_by_hand():
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Subclassed()
+    model(np.ones((1, 3)))
+    with pytest.raises(ValueError, match=r"keras_als\.AdaptiveScaled\(keras\.layers\.Dense"):
+        keras_als.wrap_model(model)
+
+
+def test_subclassed_model_with_wrapped_layers_trains_with_layer_wise_scales():
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras_als.AdaptiveScaled(layers.Dense(8, activation="sigmoid"))
+            self.out = keras_als.AdaptiveScaled(layers.Dense(1))
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    model = Subclassed()
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.1))
+    model.compile(optimizer=optimizer, loss="mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(32, 4)), rng.normal(size=(32, 1)), epochs=2, verbose=0)
+    assert set(optimizer.layer_scales()) == {"loss", "dense", "dense_1"}
+
+
+def test_unbuilt_model_and_non_layers_get_clear_errors():
+    with pytest.raises(ValueError, match="keras.Input"):
+        keras_als.wrap_model(keras.Sequential([layers.Dense(2)]))
+    with pytest.raises(TypeError, match="keras.layers.Layer"):
+        keras_als.AdaptiveScaled("dense")
+
+
+def test_adaptive_scaled_config_round_trip():
+    wrapper = keras_als.AdaptiveScaled(layers.Dense(3, activation="relu", name="hidden"))
+    wrapper.build((None, 4))
+    config = wrapper.get_config()
+    restored = keras_als.AdaptiveScaled.from_config(config)
+    assert restored.get_config() == config
+    assert restored.name == "hidden_scaled" and restored.layer.name == "hidden"
+    serialized = keras.saving.serialize_keras_object(wrapper)
+    assert type(keras.saving.deserialize_keras_object(serialized)) is keras_als.AdaptiveScaled
+
+
+def test_wrapper_keeps_the_layer_dtype_policy():
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        head = layers.Dense(2, dtype="float32")
+        wrapper = keras_als.AdaptiveScaled(head)
+        assert wrapper.dtype_policy.name == "float32"
+        assert keras_als.AdaptiveScaled(layers.Dense(2)).compute_dtype == "float16"
+    finally:
+        keras.config.set_dtype_policy("float32")
