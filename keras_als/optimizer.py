@@ -56,13 +56,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     >>> import keras, numpy as np, keras_als
     >>> model = keras_als.wrap_model(keras.Sequential(
-    ...     [keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-    ...      keras.layers.Dense(1)]))
+    ...     [keras.Input((4,)), keras.layers.Dense(8, activation="relu", name="hidden"),
+    ...      keras.layers.Dense(1, name="out")]))
     >>> optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.1))
     >>> model.compile(optimizer=optimizer, loss="mse")
     >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), epochs=2, verbose=0)
     >>> sorted(optimizer.layer_scales())
-    ['dense', 'dense_1', 'loss']
+    ['hidden', 'loss', 'out']
     """
 
     def __init__(

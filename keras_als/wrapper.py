@@ -34,11 +34,11 @@ class AdaptiveScaled(keras.layers.Wrapper):
     Example:
 
     >>> import keras, keras_als
-    >>> dense = keras_als.AdaptiveScaled(keras.layers.Dense(3))
+    >>> dense = keras_als.AdaptiveScaled(keras.layers.Dense(3, name="hidden"))
     >>> dense(keras.ops.ones((2, 4))).shape
     TensorShape([2, 3])
     >>> dense.name, dense.layer.name
-    ('dense_scaled', 'dense')
+    ('hidden_scaled', 'hidden')
     """
 
     def __init__(self, layer: keras.layers.Layer, **kwargs):
@@ -120,9 +120,9 @@ def wrap_model(model: keras.Model) -> keras.Model:
     Example:
 
     >>> import keras, keras_als
-    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="head")])
     >>> [layer.name for layer in keras_als.wrap_model(model).layers]
-    ['dense_scaled']
+    ['head_scaled']
     """
     if not isinstance(model, (keras.Sequential, keras.Model)) or not _is_graph_model(model):
         raise ValueError(
