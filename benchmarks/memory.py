@@ -1,0 +1,134 @@
+"""Peak memory of one compiled training step, keras_als against Keras's LSO.
+
+TensorFlow keeps no allocator statistics for the CPU
+(`tf.config.experimental.get_memory_info("CPU:0")` raises), and `tracemalloc`
+sees Python objects only. So each configuration runs in its own subprocess
+(`python -m benchmarks.memory MODEL METHOD`), which measures two things:
+
+- *XLA step memory*: XLA's buffer assignment for the compiled step (dumped
+  with `XLA_FLAGS=--xla_dump_to`), "Total bytes used": parameters, temporaries
+  and outputs of the step, which is what the step needs on a device.
+- *Peak RSS*: the peak resident set (`VmHWM` in /proc/self/status) of the whole
+  process after the steps, which includes the TensorFlow runtime, the XLA
+  compiler and Python; its growth from before the first step is reported too.
+
+The subprocess prints one JSON line; `measure` runs it and parses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+MODELS = ("cnn_batchnorm", "transformer", "mlp_50")
+"""Models measured (names from `benchmarks.cost`)."""
+
+
+@dataclasses.dataclass
+class Memory:
+    """Memory of one model under one method.
+
+    Attributes:
+        model: Model name.
+        method: `"keras_lso"` or `"als_max_safe"`.
+        xla_bytes: XLA buffer assignment total of the compiled step (largest
+            compiled version of the step).
+        peak_rss_mb: Peak resident set size of the process, MiB.
+        rss_growth_mb: Peak RSS minus RSS before the first step, MiB.
+    """
+
+    model: str
+    method: str
+    xla_bytes: int
+    peak_rss_mb: float
+    rss_growth_mb: float
+
+
+def measure(model: str, method: str, steps: int = 20) -> Memory:
+    """Runs one configuration in a fresh subprocess; returns what it measured."""
+    command = [sys.executable, "-m", "benchmarks.memory", model, method, str(steps)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"memory probe {model} {method} failed:\n{done.stderr[-3000:]}")
+    return Memory(**json.loads(lines[-1]))
+
+
+def _xla_total(dump: str) -> int:
+    totals = []
+    for path in glob.glob(os.path.join(dump, "*train_step*buffer-assignment.txt")):
+        with open(path) as f:
+            found = re.search(r"Total bytes used: (\d+)", f.read())
+        if found:
+            totals.append(int(found.group(1)))
+    if not totals:
+        raise RuntimeError("XLA wrote no buffer assignment for train_step")
+    return max(totals)
+
+
+def _high_water_mb() -> float:
+    """This process's peak resident set (VmHWM), MiB.
+
+    Not `resource.getrusage().ru_maxrss`: Linux keeps that across `exec`, so a
+    child started from a large parent reports the parent's peak.
+    """
+    with open("/proc/self/status") as f:
+        found = re.search(r"VmHWM:\s+(\d+) kB", f.read())
+    return int(found.group(1)) / 1024.0 if found else float("nan")
+
+
+def _probe(model_name: str, method_name: str, steps: int) -> dict:
+    import tensorflow as tf
+
+    from benchmarks import common, cost
+
+    builders = {name: (b, x, y) for name, b, x, y in cost.timing_models()}
+    if model_name.startswith("mlp_"):
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        builders[model_name] = (
+            cost.deep_mlp(int(model_name[4:]) - 1),
+            rng.normal(size=(64, 32)).astype("float32"),
+            rng.normal(size=(64, 1)).astype("float32"),
+        )
+    builder, x, y = builders[model_name]
+    method = {m.name: m for m in common.ALL_METHODS}[method_name]
+    common.set_seed(0)
+    model, optimizer = method.build(builder)
+    step = cost.compiled_step(model, optimizer, cost.loss_for(y, model))
+    x, y = tf.constant(x), tf.constant(y)
+    before = _high_water_mb()
+    for _ in range(steps):
+        step(x, y).numpy()
+    peak = _high_water_mb()
+    return {
+        "model": model_name,
+        "method": method_name,
+        "xla_bytes": _xla_total(os.environ["XLA_DUMP_DIR"]),
+        "peak_rss_mb": peak,
+        "rss_growth_mb": peak - before,
+    }
+
+
+def main(argv: list[str]) -> None:
+    """Subprocess entry point: `MODEL METHOD [STEPS]`; prints one JSON line."""
+    with tempfile.TemporaryDirectory(prefix="keras_als_xla_") as dump:
+        os.environ["XLA_DUMP_DIR"] = dump
+        os.environ["XLA_FLAGS"] = (
+            f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train_step.*"
+        )
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        steps = int(argv[2]) if len(argv) > 2 else 20
+        print(json.dumps(_probe(argv[0], argv[1], steps)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

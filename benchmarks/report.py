@@ -1,0 +1,332 @@
+"""Tables and the five targets of the benchmark issue, from measured results.
+
+Everything here is a pure function of the results (plain dataclasses), so the
+PASS/FAIL logic can be tested on synthetic numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from benchmarks.convergence import Run
+from benchmarks.cost import Timing, growth_exponent
+from benchmarks.fidelity import Measurement
+from benchmarks.memory import Memory
+
+OURS = "als_max_safe"
+"""The keras_als configuration the targets judge: its default policy."""
+BASELINE = "keras_lso"
+TOLERANCE = 1.01
+"""Errors within 1% count as equal: with no underflow both methods sit on the same
+float16 forward-rounding floor and differ in the fourth digit at most."""
+
+
+@dataclasses.dataclass
+class Target:
+    """One target of the issue and whether the measurements meet it."""
+
+    number: int
+    passed: bool
+    summary: str
+    detail: list[str] = dataclasses.field(default_factory=list)
+
+    def line(self) -> str:
+        """The PASS/FAIL line printed at the end of the run."""
+        return f"Target {self.number}: {'PASS' if self.passed else 'FAIL'} - {self.summary}"
+
+
+def layer_mean_error(m: Measurement) -> float:
+    """Mean over variables of the relative gradient error (every layer counts once)."""
+    return statistics.fmean(e for _, e, _ in m.layers)
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else ("nan" if math.isnan(x) else f"{x:.2e}")
+
+
+def target_fidelity(measurements: list[Measurement], hard: set[str]) -> Target:
+    """Target 1: error <= Keras LSO's on every model; underflow <= a tenth on hard cases.
+
+    The error compared is the mean over layers (`layer_mean_error`), at both
+    phases, within `TOLERANCE`; the underflow is pooled over all elements.
+    """
+    by_key = {(m.case, m.phase, m.method): m for m in measurements}
+    failures, checked = [], 0
+    for (case, phase, method), ours in by_key.items():
+        if method != OURS or (case, phase, BASELINE) not in by_key:
+            continue
+        theirs = by_key[(case, phase, BASELINE)]
+        checked += 1
+        if not layer_mean_error(ours) <= TOLERANCE * layer_mean_error(theirs):
+            failures.append(
+                f"{case}/{phase}: error {_fmt(layer_mean_error(ours))} > "
+                f"Keras LSO {_fmt(layer_mean_error(theirs))}"
+            )
+        if case in hard and not ours.underflow <= theirs.underflow / 10:
+            failures.append(
+                f"{case}/{phase}: underflow {ours.underflow:.4f} > Keras LSO "
+                f"{theirs.underflow:.4f} / 10"
+            )
+    summary = (
+        f"gradient error <= Keras LSO on {checked - len({f.split(':')[0] for f in failures})}"
+        f"/{checked} model-phases; underflow <= 1/10 of Keras LSO on hard cases"
+    )
+    if failures:
+        summary += f"; missed: {'; '.join(failures)}"
+    return Target(1, checked > 0 and not failures, summary, failures)
+
+
+def accuracy_summary(runs: list[Run]) -> dict[tuple[str, str], tuple[float, float, int]]:
+    """`(task, method) -> (mean accuracy %, standard deviation %, seeds)`."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        groups.setdefault((r.task, r.method), []).append(100.0 * r.accuracy)
+    return {
+        k: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v))
+        for k, v in groups.items()
+    }
+
+
+def skipped_per_1000(runs: list[Run], task: str, method: str) -> float:
+    """Skipped steps per 1,000 steps after the first 100, pooled over seeds."""
+    chosen = [r for r in runs if r.task == task and r.method == method]
+    steps = sum(max(0, r.steps - 100) for r in chosen)
+    return 1000.0 * sum(r.skipped_after_100 for r in chosen) / steps if steps else float("nan")
+
+
+def target_accuracy(runs: list[Run]) -> Target:
+    """Target 2: within 0.5 points of float32 (mean over seeds), not below Keras LSO."""
+    acc = accuracy_summary(runs)
+    parts, failures = [], []
+    for task in sorted({r.task for r in runs}):
+        ours, f32, lso = (acc.get((task, m)) for m in (OURS, "float32", BASELINE))
+        if ours is None or f32 is None or lso is None:
+            failures.append(f"{task}: missing runs")
+            continue
+        parts.append(
+            f"{task} {ours[0]:.2f}% vs float32 {f32[0]:.2f}%, Keras LSO {lso[0]:.2f}% "
+            f"({ours[2]} seeds)"
+        )
+        if ours[0] < f32[0] - 0.5:
+            failures.append(f"{task}: {ours[0] - f32[0]:+.2f} points vs float32")
+        if ours[0] < lso[0]:
+            failures.append(f"{task}: {ours[0] - lso[0]:+.2f} points vs Keras LSO")
+    summary = "; ".join(parts) + (f"; missed: {'; '.join(failures)}" if failures else "")
+    return Target(2, bool(parts) and not failures, summary, failures)
+
+
+def target_skipped(runs: list[Run]) -> Target:
+    """Target 3: at most 1 skipped step per 1,000 after the first 100 steps."""
+    tasks = sorted({r.task for r in runs if r.method == OURS})
+    rates = {t: skipped_per_1000(runs, t, OURS) for t in tasks}
+    passed = bool(rates) and all(v <= 1.0 for v in rates.values())
+    summary = ", ".join(f"{t} {v:.2f}/1000" for t, v in rates.items()) + " after step 100"
+    return Target(3, passed, summary)
+
+
+def target_step_time(timings: list[Timing], sweep: list[Timing], limit: float = 1.10) -> Target:
+    """Target 4: step time <= 1.10x Keras LSO (XLA); overhead grows at most linearly."""
+    ours = [t for t in timings if t.method == OURS] + list(sweep)
+    worst = max(ours, key=lambda t: t.ratio)
+    exponent = growth_exponent(sweep) if len(sweep) >= 2 else float("nan")
+    largest = max(sweep, key=lambda t: t.layers) if sweep else None
+    if math.isnan(exponent):
+        linear = largest is not None and largest.overhead_ms <= 0
+        growth = "overhead not measurable at the largest sizes" if linear else "growth unknown"
+    else:
+        linear = exponent <= 1.1
+        growth = f"overhead ~ layers^{exponent:.2f} between the two largest sweeps"
+    fast = worst.ratio <= limit
+    failures = [f"{t.model}: {t.ratio:.3f}x" for t in ours if t.ratio > limit]
+    summary = f"worst ratio {worst.ratio:.3f}x ({worst.model}); {growth}"
+    if failures:
+        summary += f"; above {limit:.2f}x: {', '.join(failures)}"
+    return Target(4, fast and linear, summary, failures)
+
+
+def memory_ratios(memory: list[Memory]) -> dict[str, tuple[float, float]]:
+    """`model -> (XLA step memory ratio, peak RSS ratio)`, keras_als over Keras LSO."""
+    by = {(m.model, m.method): m for m in memory}
+    ratios = {}
+    for model in dict.fromkeys(m.model for m in memory):
+        ours, theirs = by.get((model, OURS)), by.get((model, BASELINE))
+        if ours and theirs:
+            ratios[model] = (
+                ours.xla_bytes / theirs.xla_bytes,
+                ours.peak_rss_mb / theirs.peak_rss_mb,
+            )
+    return ratios
+
+
+def target_memory(memory: list[Memory], limit: float = 1.05) -> Target:
+    """Target 5: peak step memory (XLA buffer assignment) <= 1.05x Keras LSO."""
+    ratios = memory_ratios(memory)
+    passed = bool(ratios) and all(x <= limit for x, _ in ratios.values())
+    summary = ", ".join(
+        f"{model} step {x:.3f}x (process peak RSS {r:.3f}x)" for model, (x, r) in ratios.items()
+    )
+    return Target(5, passed, summary)
+
+
+def targets(
+    measurements: list[Measurement],
+    hard: set[str],
+    runs: list[Run],
+    timings: list[Timing],
+    sweep: list[Timing],
+    memory: list[Memory],
+) -> list[Target]:
+    """All five targets, in order."""
+    return [
+        target_fidelity(measurements, hard),
+        target_accuracy(runs),
+        target_skipped(runs),
+        target_step_time(timings, sweep),
+        target_memory(memory),
+    ]
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fidelity_tables(measurements: list[Measurement], hard: set[str]) -> str:
+    """Layer-mean error, worst-layer error and underflow: rows case/phase, columns methods."""
+    methods = list(dict.fromkeys(m.method for m in measurements))
+    keys = list(dict.fromkeys((m.case, m.phase) for m in measurements))
+    by = {(m.case, m.phase, m.method): m for m in measurements}
+    out = []
+    metrics = (
+        ("Gradient error, mean over layers", lambda m: _fmt(layer_mean_error(m))),
+        ("Gradient error, worst layer", lambda m: _fmt(m.worst_layer_error)),
+        ("Gradient error, all gradients concatenated", lambda m: _fmt(m.error)),
+        ("Underflow rate, all gradient elements", lambda m: f"{m.underflow:.4f}"),
+        ("Steps skipped before the measurement (settle / training)", lambda m: str(m.skipped)),
+    )
+    for title, cell in metrics:
+        rows = []
+        for case, phase in keys:
+            name = f"{case}{' (hard)' if case in hard else ''}"
+            rows.append(
+                [name, phase]
+                + [cell(by[(case, phase, m)]) if (case, phase, m) in by else "" for m in methods]
+            )
+        out.append(f"#### {title}\n\n" + _table(["model", "phase", *methods], rows))
+    return "\n\n".join(out)
+
+
+def convergence_table(runs: list[Run]) -> str:
+    """Accuracy mean +- standard deviation and skipped steps per 1,000, per task and method."""
+    acc = accuracy_summary(runs)
+    methods = list(dict.fromkeys(r.method for r in runs))
+    rows = []
+    for task in dict.fromkeys(r.task for r in runs):
+        steps = max(r.steps for r in runs if r.task == task)
+        rows.append(
+            [f"{task} accuracy % ({steps} steps)"]
+            + [
+                f"{acc[(task, m)][0]:.2f} ± {acc[(task, m)][1]:.2f}" if (task, m) in acc else ""
+                for m in methods
+            ]
+        )
+        rows.append(
+            [f"{task} skipped / 1000 after step 100"]
+            + [f"{skipped_per_1000(runs, task, m):.2f}" for m in methods]
+        )
+        rows.append(
+            [f"{task} skipped in all (sum over seeds)"]
+            + [
+                str(sum(r.skipped for r in runs if r.task == task and r.method == m))
+                for m in methods
+            ]
+        )
+    return _table(["task", *methods], rows)
+
+
+def cost_table(timings: list[Timing]) -> str:
+    """Interleaved step times (XLA) of keras_als variants against Keras LSO."""
+    rows = [
+        [
+            t.model,
+            t.method,
+            str(t.layers),
+            f"{t.lso_ms:.2f}",
+            f"{t.als_ms:.2f}",
+            f"{t.ratio:.3f}",
+            f"{t.blocks} x {t.steps_per_block}",
+        ]
+        for t in timings
+    ]
+    header = [
+        "model",
+        "variant",
+        "wrapped layers",
+        "Keras LSO ms",
+        "variant ms",
+        "ratio",
+        "blocks x steps",
+    ]
+    return _table(header, rows)
+
+
+def sweep_table(sweep: list[Timing]) -> str:
+    """Overhead against the number of wrapped layers."""
+    rows = [
+        [
+            str(t.layers),
+            f"{t.lso_ms:.2f}",
+            f"{t.als_ms:.2f}",
+            f"{t.ratio:.3f}",
+            f"{t.overhead_ms:.3f}",
+            f"{1e3 * t.overhead_ms / t.layers:.1f}",
+        ]
+        for t in sorted(sweep, key=lambda t: t.layers)
+    ]
+    header = [
+        "wrapped layers",
+        "Keras LSO ms",
+        "keras_als ms",
+        "ratio",
+        "overhead ms",
+        "overhead per layer µs",
+    ]
+    return _table(header, rows)
+
+
+def memory_table(memory: list[Memory]) -> str:
+    """XLA step memory and process RSS per model and method, with ratios."""
+    ratios = memory_ratios(memory)
+    by = {(m.model, m.method): m for m in memory}
+    rows = []
+    for model, (x, r) in ratios.items():
+        ours, theirs = by[(model, OURS)], by[(model, BASELINE)]
+        rows.append(
+            [
+                model,
+                f"{theirs.xla_bytes / 2**20:.3f}",
+                f"{ours.xla_bytes / 2**20:.3f}",
+                f"{x:.3f}",
+                f"{theirs.peak_rss_mb:.0f}",
+                f"{ours.peak_rss_mb:.0f}",
+                f"{r:.3f}",
+                f"{theirs.rss_growth_mb:.0f} / {ours.rss_growth_mb:.0f}",
+            ]
+        )
+    header = [
+        "model",
+        "LSO step MiB",
+        "keras_als step MiB",
+        "step ratio",
+        "LSO peak RSS MiB",
+        "keras_als peak RSS MiB",
+        "RSS ratio",
+        "RSS growth MiB (LSO / keras_als)",
+    ]
+    return _table(header, rows)

@@ -1,0 +1,298 @@
+"""Runs the benchmark suite and writes RESULTS.md, results.json and the plots.
+
+    python -m benchmarks.run           # full suite, ~25 min on 2 CPU cores
+    python -m benchmarks.run --quick   # smaller budget, < 3 min (CI)
+
+The full run writes into benchmarks/results/, the quick one into
+benchmarks/results/quick/. The run prints every table and ends with one
+PASS/FAIL line per target of the issue. It exits non-zero only if it crashes;
+a missed target is reported, not raised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from benchmarks import (
+    common,  # noqa: I001  (sets TF_CPP_MIN_LOG_LEVEL first)
+    convergence,
+    cost,
+    fidelity,
+    memory,
+    plots,
+    report,
+    zoo,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How much the suite measures."""
+
+    cases: tuple[str, ...] | None  # fidelity cases, None for all
+    methods: tuple[common.Method, ...]
+    fidelity_steps: int
+    seeds: tuple[int, ...]
+    epochs: dict
+    blocks: int
+    steps_per_block: int
+    breakdown: bool
+    timing_models: tuple[str, ...] | None  # None for all
+    sweep: tuple[int, ...]
+    memory_models: tuple[str, ...]
+
+
+FULL = Budget(
+    cases=None,
+    methods=common.ALL_METHODS,
+    fidelity_steps=200,
+    seeds=(0, 1, 2),
+    epochs={"digits_cnn": 30, "mnist_mlp": 10},
+    blocks=30,
+    steps_per_block=20,
+    breakdown=True,
+    timing_models=None,
+    sweep=(10, 50, 200),
+    memory_models=memory.MODELS,
+)
+QUICK = Budget(
+    cases=("cnn_batchnorm", "deep_sigmoid"),
+    methods=(common.FLOAT32, common.KERAS_LSO, common.ALS_MAX_SAFE),
+    fidelity_steps=40,
+    seeds=(0,),
+    epochs={"digits_cnn": 8, "mnist_mlp": 3},
+    blocks=8,
+    steps_per_block=10,
+    breakdown=False,
+    timing_models=("cnn_batchnorm", "transformer"),
+    sweep=(5, 10, 20),
+    memory_models=("cnn_batchnorm",),
+)
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def run(budget: Budget, quick: bool) -> dict:
+    """Measures everything in `budget`; returns the results as dataclass lists."""
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    _log("== Gradient fidelity (per layer, vs float32, same weights and batch)")
+    measurements = []
+    all_cases = zoo.cases()
+    cases = [c for c in all_cases if budget.cases is None or c.name in budget.cases]
+    for case in cases:
+        t = time.perf_counter()
+        measurements += fidelity.measure_case(case, list(budget.methods), budget.fidelity_steps)
+        for m in measurements[-2 * (len(budget.methods) - 1) :]:
+            _log(
+                f"  {m.case:16s} {m.method:20s} {m.phase:8s} error {report.layer_mean_error(m):.2e}"
+                f" (worst {m.worst_layer_error:.2e}) underflow {m.underflow:.4f}"
+                f" skipped {m.skipped}"
+            )
+        _log(f"  ({case.name}: {time.perf_counter() - t:.0f}s)")
+    timings["fidelity"] = time.perf_counter() - start
+
+    t = time.perf_counter()
+    _log("== Convergence on real data")
+    runs = convergence.run_all(list(budget.methods), list(budget.seeds), budget.epochs, log=_log)
+    timings["convergence"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    _log("== Step time, interleaved, jit_compile=True")
+    steps = cost.run_all(
+        budget.blocks, budget.steps_per_block, budget.breakdown, budget.timing_models, log=_log
+    )
+    _log("== Overhead against wrapped layers")
+    sweep = cost.layer_sweep(budget.sweep, budget.blocks, budget.steps_per_block, log=_log)
+    timings["cost"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    _log("== Peak memory (one subprocess per configuration)")
+    mem = []
+    for model in budget.memory_models:
+        for method in (report.BASELINE, report.OURS):
+            mem.append(memory.measure(model, method))
+            _log(f"  {mem[-1]}")
+    timings["memory"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - start
+    hard = {c.name for c in all_cases if c.hard}
+    return {
+        "measurements": measurements,
+        "runs": runs,
+        "timings": steps,
+        "sweep": sweep,
+        "memory": mem,
+        "hard": hard,
+        "cases": cases,
+        "seconds": timings,
+        "quick": quick,
+        "fidelity_steps": budget.fidelity_steps,
+    }
+
+
+def _environment() -> str:
+    return (
+        f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{platform.platform()}); Python {platform.python_version()}, TensorFlow "
+        f"{tf.__version__}, Keras {keras.__version__}, NumPy {np.__version__}"
+    )
+
+
+def markdown(results: dict, targets: list[report.Target], command: str, images: list[str]) -> str:
+    """RESULTS.md from the results and targets."""
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    seconds = results["seconds"]
+    methods = {m.name: m for m in common.ALL_METHODS + cost.BREAKDOWN}
+    used = dict.fromkeys(m.method for m in results["measurements"])
+    cases = "\n".join(f"- `{c.name}`: {c.description}" for c in results["cases"])
+    lines = [
+        "# keras_als benchmark results",
+        "",
+        "<!-- GENERATED by benchmarks/run.py: do not edit by hand; rerun the command. -->",
+        "",
+        "Generated by `benchmarks/run.py`; never edited by hand.",
+        "",
+        f"- Command: `{command}`",
+        f"- Date: {when}",
+        f"- Machine: {_environment()}",
+        f"- Wall time: {seconds['total']:.0f} s (fidelity {seconds['fidelity']:.0f} s, "
+        f"convergence {seconds['convergence']:.0f} s, step time {seconds['cost']:.0f} s, "
+        f"memory {seconds['memory']:.0f} s)",
+        "- CPU only: float16 is slow on CPUs; only ratios against Keras's "
+        "`LossScaleOptimizer` in the same precision mean anything here, never a GPU speed-up.",
+        "",
+        "## Targets",
+        "",
+        "```",
+        *[t.line() for t in targets],
+        "```",
+        "",
+        "## Methods",
+        "",
+        *[f"- `{name}`: {methods[name].label}" for name in used],
+        "- `float32` is the reference of the fidelity tables and a column of the accuracy table.",
+        "",
+        "## 1. Gradient fidelity",
+        "",
+        "Relative error `||g_mixed - g_fp32|| / ||g_fp32||` of each unscaled weight gradient "
+        "and underflow rate (share of elements non-zero in float32 and zero in the mixed "
+        "run), on one batch, with the same weights as the float32 reference. *init*: initial "
+        "weights after 20 steps at learning rate 0 (scales settle). *trained*: each method "
+        f"first trains itself ({results['fidelity_steps']} Adam steps, "
+        "3x as many for late training), then is given the float32-trained weights and "
+        "settles 20 steps at learning rate 0, so all methods are compared at identical weights.",
+        "",
+        cases,
+        "",
+        report.fidelity_tables(results["measurements"], results["hard"]),
+        "",
+        "## 2. Convergence on real data",
+        "",
+        *[
+            f"- `{t.name}`: {t.description}, Adam({t.learning_rate:g}), batch {t.batch}"
+            for t in convergence.TASKS
+        ],
+        f"- Seeds {list(dict.fromkeys(r.seed for r in results['runs']))}: held-out accuracy "
+        "mean ± standard deviation over seeds; `model.fit(..., jit_compile=True)`.",
+        "",
+        report.convergence_table(results["runs"]),
+        "",
+        "## 3. Step time (XLA, interleaved)",
+        "",
+        "Median over ABBA-interleaved blocks in one process of keras_als's step time over "
+        "Keras `LossScaleOptimizer`'s, same model, weights, batch and custom step, both "
+        "`jit_compile=True`. `als_fixed_wrapped` (boundaries and plan, statistics unread) and "
+        "`als_fixed_global` (unwrapped, one scale) split the overhead into its parts.",
+        "",
+        report.cost_table(results["timings"]),
+        "",
+        "### Overhead against the number of wrapped layers (Dense(64, tanh) MLPs)",
+        "",
+        report.sweep_table(results["sweep"]),
+        "",
+        "## 4. Peak memory",
+        "",
+        "*Step* = XLA buffer assignment of the compiled training step (parameters, "
+        "temporaries, outputs), what a device would hold; *peak RSS* = the whole process "
+        "(TensorFlow runtime, compiler, Python), one fresh subprocess per configuration. "
+        "TensorFlow keeps no allocator statistics on the CPU.",
+        "",
+        report.memory_table(results["memory"]),
+        "",
+        "## 5. Plots",
+        "",
+        *[f"![{name}]({name})" for name in images],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _jsonable(results: dict) -> dict:
+    out = {}
+    for key, value in results.items():
+        if key == "cases":
+            out[key] = [c.name for c in value]
+        elif isinstance(value, list):
+            out[key] = [dataclasses.asdict(v) for v in value]
+        elif isinstance(value, set):
+            out[key] = sorted(value)
+        else:
+            out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small budget (< 3 min), for CI")
+    parser.add_argument("--out", help="output folder (default benchmarks/results[/quick])")
+    args = parser.parse_args(argv)
+    here = os.path.dirname(os.path.abspath(__file__))
+    folder = args.out or os.path.join(here, "results", "quick" if args.quick else "")
+    os.makedirs(folder, exist_ok=True)
+    command = "python -m benchmarks.run" + (" --quick" if args.quick else "")
+
+    results = run(QUICK if args.quick else FULL, args.quick)
+    targets = report.targets(
+        results["measurements"],
+        results["hard"],
+        results["runs"],
+        results["timings"],
+        results["sweep"],
+        results["memory"],
+    )
+    images = plots.save_all(results["runs"], results["measurements"], folder)
+    text = markdown(results, targets, command, images)
+    with open(os.path.join(folder, "RESULTS.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(folder, "results.json"), "w") as f:
+        json.dump(_jsonable(results), f, indent=1, default=float)
+    print()
+    print(report.convergence_table(results["runs"]))
+    print()
+    print(report.cost_table(results["timings"]))
+    print()
+    print(report.sweep_table(results["sweep"]))
+    print()
+    print(report.memory_table(results["memory"]))
+    print(f"\nWrote {os.path.join(folder, 'RESULTS.md')} in {results['seconds']['total']:.0f} s")
+    for target in targets:
+        print(target.line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
