@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 from keras.src.utils import tracking
 
-from keras_als import _boundary, _plan, policies
+from keras_als import _boundary, _forward_state, _plan, policies
 
 _OWNER = "_keras_als_owner"
 
@@ -107,20 +107,25 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 owners.append(owner)
         self._scale_owners = owners
         self._scale_names = [o.layer.name for o in owners]
-        self._layer_scale_variables = [
-            self.add_variable(
+
+        # Every replica computes the same new values (from all-reduced statistics),
+        # so each scale is written in replica context and kept from the first.
+        def state(name, dtype="float32", initial=self.initial_scale):
+            return self.add_variable(
                 shape=(),
-                dtype="float32",
-                initializer=keras.initializers.Constant(self.initial_scale),
-                aggregation="none",
-                name=f"scale_{name}",
+                dtype=dtype,
+                initializer=keras.initializers.Constant(initial),
+                aggregation="only_first_replica",
+                name=name,
             )
-            for name in self._scale_names
-        ]
-        self.skipped_steps = self.add_variable(
-            shape=(), dtype="int", initializer="zeros", aggregation="none", name="skipped_steps"
-        )
-        super().build(var_list)
+
+        self._layer_scale_variables = [state(f"scale_{name}") for name in self._scale_names]
+        self.skipped_steps = state("skipped_steps", "int", 0)
+        # LossScaleOptimizer's own state, with the aggregation above.
+        self.step_counter = state("step_counter", "int", 0)
+        self.dynamic_scale = state("dynamic_scale")
+        self.inner_optimizer.build(var_list)
+        keras.optimizers.Optimizer.build(self, var_list)
 
     @property
     def loss_scale_variable(self):
@@ -223,6 +228,12 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if plan is None:
             return super().apply(grads, trainable_variables)
         if not self.built:
+            context = tf.distribute.get_replica_context()
+            if context is not None and context.num_replicas_in_sync > 1:
+                raise ValueError(
+                    "Build the optimizer before the distributed training step: "
+                    "`with strategy.scope(): optimizer.build(model.trainable_variables)`."
+                )
             if trainable_variables is None:
                 raise ValueError(
                     "The first call to apply() needs the variables: "
@@ -257,11 +268,9 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             else tf.constant(True)
         )
         statistics = self._statistics(plan, weight_amax, weight_grads)
-
-        def apply_step():
-            self.inner_optimizer.apply(unscaled, trainable_variables=variables)
-
-        keras.ops.cond(finite, apply_step, lambda: None)
+        statistics, finite = _agree_across_replicas(statistics, finite)
+        self._apply_if_finite(finite, unscaled, variables)
+        _forward_state.restore_unless(finite)
         self.skipped_steps.assign_add(tf.cast(tf.logical_not(finite), self.skipped_steps.dtype))
         if plan.built:
             new = policies.next_scale(self.policy, statistics, plan.scales)
@@ -269,13 +278,38 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 for variable in [component.variable, *component.aliases]:
                     variable.assign(new[i])
 
+    def _apply_if_finite(self, finite, grads, variables):
+        """Applies `grads` with the inner optimizer if `finite`, else nothing at all."""
+
+        def apply_step():
+            self.inner_optimizer.apply(grads, trainable_variables=variables)
+
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            keras.ops.cond(finite, apply_step, lambda: None)
+            return
+
+        # The inner optimizer all-reduces through merge_call, which a cond in
+        # replica context cannot contain: decide in cross-replica context.
+        def decide(distribution, finite, grads):
+            finite = distribution.experimental_local_results(finite)[0]
+
+            def apply_everywhere():
+                distribution.extended.call_for_each_replica(
+                    lambda g: self.inner_optimizer.apply(g, trainable_variables=variables),
+                    args=(grads,),
+                )
+
+            keras.ops.cond(finite, apply_everywhere, lambda: None)
+
+        tf.distribute.get_replica_context().merge_call(decide, args=(finite, grads))
+
     def _statistics(self, plan, weight_amax, weight_grads) -> policies.Statistics:
         # Statistics no policy reads are pruned from the traced graph: no cost.
-        amax, mean_square, overflow = [], [], []
+        amax, mean_square, overflow, silent = [], [], [], []
         for i, component in enumerate(plan.components):
             scale = plan.scales[i]
             seen = list(weight_amax[i])
-            incoming_finite = []
+            incoming_finite, incoming_amax = [], []
             for b in component.inside:
                 if b.gradient_amax is not None:
                     seen.append(b.gradient_amax)
@@ -285,6 +319,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                     limit = b.inputs[0].dtype.max
                     seen.append(tf.where(post > limit, float("inf"), post))
                     incoming_finite.append(tf.math.is_finite(b.gradient_amax))
+                    incoming_amax.append(b.gradient_amax)
             component_amax = tf.reduce_max(tf.stack(seen)) / scale if seen else tf.constant(0.0)
             squares = [
                 b.gradient_mean_square
@@ -299,13 +334,16 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             )
             amax.append(component_amax)
             mean_square.append(component_square)
-            overflow.append(
-                tf.logical_and(tf.logical_not(tf.math.is_finite(component_amax)), came_in_finite)
+            started_here = tf.logical_not(tf.math.is_finite(component_amax))
+            overflow.append(tf.logical_and(started_here, came_in_finite))
+            silent.append(
+                tf.reduce_max(tf.stack(incoming_amax)) == 0 if incoming_amax else tf.constant(False)
             )
         return policies.Statistics(
             amax=tf.stack(amax),
             mean_square=tf.stack(mean_square),
             overflow=tf.stack(overflow),
+            silent=tf.stack(silent),
             downstream=plan.downstream(),
             names=tuple(c.name for c in plan.components),
         )
@@ -326,6 +364,33 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if isinstance(policy, dict):
             policy = keras.saving.deserialize_keras_object(policy, custom_objects=custom_objects)
         return cls(inner, policy=policy, **config)
+
+
+def _agree_across_replicas(statistics: policies.Statistics, finite):
+    """Takes the largest statistics over all replicas, so all decide alike.
+
+    The all-reduced gradient (a sum) is finite exactly when every replica's
+    gradient is, so skipping on the reduced `finite` is skipping on the
+    all-reduced gradients; the same statistics give every replica the same
+    next scales.
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return statistics, finite
+    packed = tf.stack(
+        [
+            statistics.amax,
+            statistics.mean_square,
+            tf.cast(statistics.overflow, tf.float32),
+            tf.cast(tf.logical_not(statistics.silent), tf.float32),
+            tf.fill(tf.shape(statistics.amax), tf.cast(tf.logical_not(finite), tf.float32)),
+        ]
+    )
+    packed = tf.reduce_max(context.all_gather(packed[None], axis=0), axis=0)
+    agreed = statistics._replace(
+        amax=packed[0], mean_square=packed[1], overflow=packed[2] > 0, silent=packed[3] == 0
+    )
+    return agreed, packed[4][0] == 0
 
 
 def _divide(gradient, scale):

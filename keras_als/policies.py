@@ -68,6 +68,9 @@ class Statistics(NamedTuple):
             layer, of its weight gradients). Only `ApproxRange` reads it.
         overflow: True where non-finite values started in this component, rather
             than flowing in from a component downstream.
+        silent: True where no gradient reached the component (all that flowed
+            in was zero, e.g. underflowed downstream), so a zero `amax` says
+            nothing about it; None means never.
         downstream: For each component, the components whose gradients flow
             into it through a scale boundary (static structure).
         names: A name for each component: the wrapped layer whose scale
@@ -85,6 +88,7 @@ class Statistics(NamedTuple):
     amax: tf.Tensor
     mean_square: tf.Tensor
     overflow: tf.Tensor
+    silent: tf.Tensor | None = None
     downstream: tuple[tuple[int, ...], ...] = ()
     names: tuple[str, ...] = ()
 
@@ -318,7 +322,8 @@ def next_scale(policy: Policy, statistics: Statistics, scale: tf.Tensor) -> tf.T
     """The scales for the next step: the policy's where the statistics are finite.
 
     Where an overflow started the scale backs off by `BACKOFF`; where non-finite
-    values only flowed in from downstream it stays; elsewhere the policy decides.
+    values only flowed in from downstream, or no gradient arrived at all
+    (`silent`), it stays; elsewhere the policy decides.
     The result is always a power of two within `[MIN_SCALE, MAX_SCALE]`.
 
     Example:
@@ -332,7 +337,9 @@ def next_scale(policy: Policy, statistics: Statistics, scale: tf.Tensor) -> tf.T
     scale = tf.convert_to_tensor(scale, tf.float32)
     amax = tf.convert_to_tensor(statistics.amax, tf.float32)
     overflow = tf.convert_to_tensor(statistics.overflow, tf.bool)
-    finite = tf.math.is_finite(amax)
+    informed = tf.math.is_finite(amax)
+    if statistics.silent is not None:
+        informed = tf.logical_and(informed, tf.logical_not(statistics.silent))
     proposed = policy(statistics, scale)
-    chosen = tf.where(overflow, scale * BACKOFF, tf.where(finite, proposed, scale))
+    chosen = tf.where(overflow, scale * BACKOFF, tf.where(informed, proposed, scale))
     return power_of_two_floor(chosen)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_als import _boundary
+from keras_als import _boundary, _forward_state
 from keras_als.optimizer import mark_owner
 
 
@@ -23,9 +23,9 @@ class AdaptiveScaled(keras.layers.Wrapper):
 
     Any layer works (Dense, Conv, BatchNormalization, LayerNormalization,
     Embedding, MultiHeadAttention, ...); integer inputs (token ids) get no
-    boundary. A forward-pass update of the layer's non-trainable state (the
-    moving statistics of BatchNormalization) that is not finite is undone, so
-    an overflowing batch, whose step the optimizer skips, leaves no trace.
+    boundary. When the optimizer skips a step, the forward-pass update of the
+    layer's non-trainable state (the moving statistics of BatchNormalization)
+    is undone too, so a skipped batch leaves no trace.
 
     Args:
         layer: The layer to wrap.
@@ -69,10 +69,9 @@ class AdaptiveScaled(keras.layers.Wrapper):
             for i, x in zip(floating, crossed):
                 flat[i] = x
             args, kwargs = keras.tree.pack_sequence_as((args, kwargs), flat)
-        guarded = [v for v in self.layer.non_trainable_variables if _is_float(v)]
-        before = [tf.identity(v.value) for v in guarded]
+        state = _forward_state.snapshot(self.layer.non_trainable_variables)
         outputs = self.layer(*args, **kwargs)
-        _keep_finite(guarded, before)
+        _forward_state.record(state)
         mark_owner(self, self.layer.trainable_weights)
         return outputs
 
@@ -82,21 +81,6 @@ class AdaptiveScaled(keras.layers.Wrapper):
 
     def compute_mask(self, inputs, mask=None):
         return self.layer.compute_mask(inputs, mask)
-
-
-def _is_float(variable) -> bool:
-    return tf.as_dtype(variable.dtype).is_floating
-
-
-def _keep_finite(variables, before) -> None:
-    """Undoes a forward-pass update (BatchNormalization statistics) that is not finite.
-
-    A batch that overflows makes the optimizer skip the step; this keeps such a
-    batch from reaching the layer's non-trainable state either.
-    """
-    for variable, old in zip(variables, before):
-        new = variable.value
-        variable.assign(tf.where(tf.reduce_all(tf.math.is_finite(new)), new, old))
 
 
 def wrap_model(model: keras.Model) -> keras.Model:

@@ -49,6 +49,13 @@ def test_overflow_backs_off_only_where_it_started():
     )
 
 
+def test_a_silent_component_keeps_its_scale_instead_of_growing_blind():
+    statistics = stats([0.0, 0.0])._replace(silent=np.array([True, False]))
+    np.testing.assert_array_equal(
+        scales(MaxSafe(), statistics, [8.0, 8.0]), [8.0, 8.0 * policies.BLIND_GROWTH]
+    )
+
+
 def test_scales_stay_within_the_floor_and_ceiling():
     low = scales(MaxSafe(), stats([np.inf], overflow=[True]), [policies.MIN_SCALE])
     high = scales(MaxSafe(), stats([0.0]), [policies.MAX_SCALE])

@@ -1,0 +1,105 @@
+"""The benchmark report's PASS/FAIL logic, on synthetic numbers (no training)."""
+
+import math
+
+from benchmarks import report
+from benchmarks.convergence import Run
+from benchmarks.cost import Timing, growth_exponent
+from benchmarks.fidelity import Measurement, compare, overall
+from benchmarks.memory import Memory
+
+
+def _measurement(case, method, error, underflow, phase="init"):
+    layers = [("dense/kernel", error, underflow), ("dense/bias", error, underflow)]
+    return Measurement(case, method, phase, layers, error, underflow, 0, 20)
+
+
+def test_fidelity_target_needs_lower_error_everywhere_and_a_tenth_of_the_underflow():
+    good = [
+        _measurement("mlp", "keras_lso", 1e-2, 0.0),
+        _measurement("mlp", "als_max_safe", 1.005e-2, 0.0),  # within the 1% tolerance
+        _measurement("sigmoid", "keras_lso", 0.8, 0.4),
+        _measurement("sigmoid", "als_max_safe", 2e-3, 0.01),
+    ]
+    assert report.target_fidelity(good, hard={"sigmoid"}).passed
+    worse_error = good[:3] + [_measurement("sigmoid", "als_max_safe", 0.9, 0.0)]
+    target = report.target_fidelity(worse_error, hard={"sigmoid"})
+    assert not target.passed and "sigmoid/init: error" in target.line()
+    too_much_underflow = good[:3] + [_measurement("sigmoid", "als_max_safe", 2e-3, 0.05)]
+    assert not report.target_fidelity(too_much_underflow, hard={"sigmoid"}).passed
+    # Not a hard case: underflow is not judged.
+    assert report.target_fidelity(too_much_underflow, hard=set()).passed
+
+
+def _run(task, method, seed, accuracy, skipped_after_100=0):
+    return Run(task, method, seed, accuracy, 1100, skipped_after_100, skipped_after_100, 1.0)
+
+
+def test_accuracy_target_uses_the_mean_over_seeds():
+    runs = [
+        _run("digits", m, s, a)
+        for m, accs in {
+            "float32": (0.950, 0.960, 0.970),
+            "keras_lso": (0.950, 0.955, 0.960),
+            "als_max_safe": (0.955, 0.956, 0.957),
+        }.items()
+        for s, a in enumerate(accs)
+    ]
+    assert report.target_accuracy(runs).passed  # 95.60 vs 96.00 and 95.50
+    low = [r for r in runs if r.method != "als_max_safe"] + [
+        _run("digits", "als_max_safe", s, 0.953) for s in range(3)
+    ]
+    target = report.target_accuracy(low)
+    assert not target.passed
+    assert "-0.70 points vs float32" in target.line() and "vs Keras LSO" in target.line()
+    mean, spread, seeds = report.accuracy_summary(runs)[("digits", "float32")]
+    assert (round(mean, 6), round(spread, 6), seeds) == (96.0, 1.0, 3)
+
+
+def test_skipped_steps_are_counted_per_1000_after_the_first_100():
+    runs = [_run("digits", "als_max_safe", s, 0.9, skipped_after_100=1) for s in range(2)]
+    assert report.skipped_per_1000(runs, "digits", "als_max_safe") == 1.0  # 2 in 2 x 1000
+    assert report.target_skipped(runs).passed
+    runs.append(_run("digits", "als_max_safe", 2, 0.9, skipped_after_100=3))
+    assert not report.target_skipped(runs).passed
+
+
+def _timing(layers, als, lso, model="mlp"):
+    return Timing(model, "als_max_safe", layers, als, lso, als / lso, 10, 10)
+
+
+def test_step_time_target_checks_the_ratio_and_linear_growth():
+    sweep = [_timing(10, 1.1, 1.0), _timing(50, 5.4, 5.0), _timing(200, 21.6, 20.0)]
+    assert math.isclose(growth_exponent(sweep), 1.0)
+    assert report.target_step_time([_timing(5, 1.05, 1.0, "cnn")], sweep).passed
+    assert not report.target_step_time([_timing(5, 1.2, 1.0, "cnn")], sweep).passed
+    quadratic = sweep[:2] + [_timing(200, 26.4, 20.0)]  # overhead x16 for x4 layers
+    assert growth_exponent(quadratic) > 1.9
+    assert not report.target_step_time([], quadratic).passed
+    noisy = sweep[:2] + [_timing(200, 19.9, 20.0)]  # no measurable overhead
+    assert math.isnan(growth_exponent(noisy))
+    assert report.target_step_time([], noisy).passed
+
+
+def test_memory_target_uses_the_compiled_step_memory():
+    memory = [
+        Memory("cnn", "keras_lso", 1000, 900.0, 200.0),
+        Memory("cnn", "als_max_safe", 1040, 990.0, 250.0),
+    ]
+    target = report.target_memory(memory)
+    assert target.passed and "step 1.040x" in target.line() and "RSS 1.100x" in target.line()
+    memory[1] = Memory("cnn", "als_max_safe", 1100, 900.0, 200.0)
+    assert not report.target_memory(memory).passed
+
+
+def test_error_and_underflow_definitions():
+    import numpy as np
+
+    reference = [np.array([1.0, 2.0, 0.0, 4.0]), np.array([3.0])]
+    measured = [np.array([1.0, 0.0, 0.0, 4.0]), np.array([3.0])]
+    rows = compare(reference, measured, ["a", "b"])
+    assert rows[0][2] == 1 / 3  # one of three non-zero elements became zero
+    assert math.isclose(rows[0][1], 2 / math.sqrt(21))
+    assert rows[1][1:] == (0.0, 0.0)
+    error, underflow = overall(reference, measured)
+    assert math.isclose(error, 2 / math.sqrt(30)) and underflow == 0.25

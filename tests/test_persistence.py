@@ -1,0 +1,81 @@
+"""Checkpoints restore everything, and a killed run resumes to the same weights."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_als
+from tests import models
+
+SCRIPT = pathlib.Path(__file__).parent / "persistence" / "killed_run.py"
+ROOT = SCRIPT.parent.parent.parent
+
+
+def run(mode, folder, kill_at=None):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    args = [sys.executable, str(SCRIPT), mode, str(folder)] + ([str(kill_at)] if kill_at else [])
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fit", "loop"])
+def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, mode):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    whole.mkdir(), killed.mkdir()
+    assert run(mode, whole).returncode == 0
+    interrupted = run(mode, killed, kill_at=11)  # epoch 2 of 3, batch 5 of 6
+    assert interrupted.returncode == -signal.SIGKILL
+    assert not (killed / "final.npz").exists()
+    resumed = run(mode, killed)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, actual = np.load(whole / "final.npz"), np.load(killed / "final.npz")
+    assert expected.files == actual.files
+    for key in expected.files:
+        np.testing.assert_array_equal(actual[key], expected[key], err_msg=key)
+
+
+def _trained(policy="max_safe"):
+    model, x, y = models.sequential_mlp()
+    model = keras_als.wrap_model(model)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(), policy=policy)
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    return model, optimizer
+
+
+def test_tf_checkpoint_restores_every_scale_and_the_skip_count(tmp_path):
+    model, optimizer = _trained()
+    for i, variable in enumerate(optimizer._layer_scale_variables):
+        variable.assign(2.0 ** (3 + 5 * i))
+    optimizer.dynamic_scale.assign(2.0**-7)
+    optimizer.skipped_steps.assign(4)
+    saved = optimizer.layer_scales()
+    path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(str(tmp_path / "ckpt"))
+
+    for variable in optimizer.variables:
+        variable.assign(tf.zeros_like(variable))
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(path).assert_consumed()
+    assert optimizer.layer_scales() == saved
+    assert int(optimizer.skipped_steps.numpy()) == 4
+
+
+def test_keras_file_restores_scales_and_the_next_step_is_the_same(tmp_path):
+    model, optimizer = _trained()
+    for i, variable in enumerate(optimizer._layer_scale_variables):
+        variable.assign(2.0 ** (2 + 3 * i))
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert loaded.optimizer.layer_scales() == optimizer.layer_scales()
+    _, x, y = models.sequential_mlp()
+    model.train_on_batch(x[:16], y[:16])
+    loaded.train_on_batch(x[:16], y[:16])
+    for a, b in zip(loaded.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert loaded.optimizer.layer_scales() == optimizer.layer_scales()
