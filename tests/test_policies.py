@@ -141,7 +141,13 @@ finite_or_not = st.one_of(
     mean_square=finite_or_not,
     overflow=st.booleans(),
     policy=st.sampled_from(
-        [MaxSafe(), MaxSafe(margin=4), ApproxRange(), ApproxRange(max_ratio=None, max_scale=None)]
+        [
+            MaxSafe(),
+            MaxSafe(margin=4),
+            ApproxRange(),
+            ApproxRange(max_ratio=None, max_scale=None),
+            Fixed(default=2.0**100, scales={"c0": 2.0**-40}),
+        ]
     ),
 )
 def test_any_statistics_give_finite_powers_of_two_within_bounds(
@@ -149,7 +155,11 @@ def test_any_statistics_give_finite_powers_of_two_within_bounds(
 ):
     n = len(amax)
     statistics = stats(
-        amax, [mean_square] * n, [overflow] * n, downstream=tuple(() for _ in range(n))
+        amax,
+        [mean_square] * n,
+        [overflow] * n,
+        downstream=tuple(() for _ in range(n)),
+        names=tuple(f"c{i}" for i in range(n)),
     )
     result = scales(policy, statistics, [2.0**current_log2] * n)
     assert np.all(np.isfinite(result))
