@@ -23,6 +23,8 @@ import tensorflow as tf  # noqa: E402
 import keras_als  # noqa: E402
 from keras_als import policies  # noqa: E402
 
+tf.get_logger().setLevel("ERROR")  # retracing notices from the per-method steps
+
 Builder = Callable[[], keras.Model]
 
 

@@ -143,6 +143,32 @@ def run(budget: Budget, quick: bool) -> dict:
     }
 
 
+def _provenance() -> str:
+    """The keras_als code measured: git commit, uncommitted files, hash of the sources."""
+    import glob
+    import hashlib
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(root, "keras_als", "*.py"))):
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    dirty = ", ".join(
+        line.strip() for line in git("status", "--porcelain", "--", "keras_als").splitlines()
+    )
+    return (
+        f"commit {git('rev-parse', '--short', 'HEAD')}"
+        + (f", uncommitted changes: {dirty}" if dirty else ", clean")
+        + f"; sha256 of keras_als/*.py {digest.hexdigest()[:12]}"
+    )
+
+
 def _environment() -> str:
     return (
         f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, "
@@ -168,6 +194,7 @@ def markdown(results: dict, targets: list[report.Target], command: str, images: 
         f"- Command: `{command}`",
         f"- Date: {when}",
         f"- Machine: {_environment()}",
+        f"- keras_als measured: {results['provenance']}",
         f"- Wall time: {seconds['total']:.0f} s (fidelity {seconds['fidelity']:.0f} s, "
         f"convergence {seconds['convergence']:.0f} s, step time {seconds['cost']:.0f} s, "
         f"memory {seconds['memory']:.0f} s)",
@@ -265,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(folder, exist_ok=True)
     command = "python -m benchmarks.run" + (" --quick" if args.quick else "")
 
+    provenance = _provenance()
     results = run(QUICK if args.quick else FULL, args.quick)
+    results["provenance"] = provenance
     targets = report.targets(
         results["measurements"],
         results["hard"],
