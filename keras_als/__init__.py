@@ -8,6 +8,8 @@ Three parts:
   each region of the backward graph between boundaries its own power-of-two
   scale and unscales every weight gradient by the scale it was computed at.
 - `policies` choose the next scales from the last step's gradient statistics.
+- `ScaleMonitor` (a Keras callback) and `plot_scales` show the per-layer
+  scales, estimated underflow and overflows in logs, TensorBoard and a figure.
 
 Example:
 
@@ -26,8 +28,17 @@ if _keras.config.backend() != "tensorflow":
     )
 
 from keras_als import policies  # noqa: E402
+from keras_als.monitor import ScaleMonitor  # noqa: E402
 from keras_als.optimizer import AdaptiveLossScaleOptimizer  # noqa: E402
+from keras_als.plots import plot_scales  # noqa: E402
 from keras_als.wrapper import AdaptiveScaled, wrap_model  # noqa: E402
 
-__all__ = ["AdaptiveLossScaleOptimizer", "AdaptiveScaled", "policies", "wrap_model"]
+__all__ = [
+    "AdaptiveLossScaleOptimizer",
+    "AdaptiveScaled",
+    "ScaleMonitor",
+    "plot_scales",
+    "policies",
+    "wrap_model",
+]
 __version__ = "0.1.0"

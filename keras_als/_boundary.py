@@ -40,12 +40,18 @@ class Boundary:
         self.ratio: tf.Tensor | None = None
         self.gradient_amax: tf.Tensor | None = None
         self.gradient_mean_square: tf.Tensor | None = None
+        self.gradient_zeros: tuple[tf.Tensor, tf.Tensor] | None = None
 
     def backward(self, *gradients):
         present = [g for g in gradients if g is not None]
         if present:
             self.gradient_amax = tf.reduce_max(tf.stack([amax(g) for g in present]))
             self.gradient_mean_square = tf.add_n([mean_square(g) for g in present]) / len(present)
+            counts = [zeros(g) for g in present]
+            self.gradient_zeros = (
+                tf.add_n([c[0] for c in counts]),
+                tf.add_n([c[1] for c in counts]),
+            )
         if self.ratio is None:
             return list(gradients)
         return [None if g is None else multiply(g, self.ratio) for g in gradients]
@@ -67,6 +73,14 @@ def mean_square(tensor: tf.Tensor) -> tf.Tensor:
     if isinstance(tensor, tf.IndexedSlices):
         tensor = tensor.values
     return tf.reduce_mean(tf.square(tf.cast(tensor, tf.float32)))
+
+
+def zeros(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(number of exact zeros, number of values) in `tensor`, as float32."""
+    if isinstance(tensor, tf.IndexedSlices):
+        tensor = tensor.values
+    count = tf.reduce_sum(tf.cast(tf.equal(tensor, 0), tf.float32))
+    return count, tf.cast(tf.size(tensor), tf.float32)
 
 
 def multiply(gradient: tf.Tensor, ratio: tf.Tensor) -> tf.Tensor:

@@ -96,6 +96,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             )
         super().__init__(inner_optimizer, initial_scale=float(initial_scale), name=name, **kwargs)
         self.policy = resolved
+        self.estimate_underflow = False
         self._warned_eager = False
 
     @tracking.no_automatic_dependency_tracking
@@ -121,6 +122,21 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
         self._layer_scale_variables = [state(f"scale_{name}") for name in self._scale_names]
         self.skipped_steps = state("skipped_steps", "int", 0)
+        slots = len(self._scale_names) + 1  # the loss's, then each layer's
+        self.overflow_counts = self.add_variable(
+            shape=(slots,),
+            dtype="int",
+            initializer="zeros",
+            aggregation="only_first_replica",
+            name="overflow_counts",
+        )
+        self.underflow_rates = self.add_variable(
+            shape=(slots,),
+            dtype="float32",
+            initializer="zeros",
+            aggregation="only_first_replica",
+            name="underflow_rates",
+        )
         # LossScaleOptimizer's own state, with the aggregation above.
         self.step_counter = state("step_counter", "int", 0)
         self.dynamic_scale = state("dynamic_scale")
@@ -277,6 +293,74 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             for i, component in enumerate(plan.components):
                 for variable in [component.variable, *component.aliases]:
                     variable.assign(new[i])
+            self._record_telemetry(plan, statistics, weight_grads)
+
+    def _record_telemetry(self, plan, statistics, weight_grads):
+        """Counts overflows per slot; with `estimate_underflow`, measures zeros."""
+        slot_of = {id(v): i for i, v in enumerate(self._slot_variables())}
+        slots, components = [], []
+        for i, component in enumerate(plan.components):
+            for variable in [component.variable, *component.aliases]:
+                if id(variable) in slot_of:
+                    slots.append([slot_of[id(variable)]])
+                    components.append(i)
+        if not slots:
+            return
+        overflowed = tf.gather(tf.cast(statistics.overflow, self.overflow_counts.dtype), components)
+        self.overflow_counts.assign_add(
+            tf.scatter_nd(slots, overflowed, self.overflow_counts.shape)
+        )
+        if self.estimate_underflow:
+            rates = tf.gather(_zero_shares(plan, weight_grads), components)
+            keep = tf.gather(statistics.silent, components)
+            current = tf.gather(self.underflow_rates.value, [s[0] for s in slots])
+            self.underflow_rates.assign(
+                tf.tensor_scatter_nd_update(
+                    self.underflow_rates.value, slots, tf.where(keep, current, rates)
+                )
+            )
+
+    def _slot_variables(self):
+        return [self.dynamic_scale, *self._layer_scale_variables]
+
+    def telemetry(self) -> dict:
+        """Per-layer numbers for monitoring, as plain Python values.
+
+        Returns:
+            `{"scale": {name: float}, "underflow_rate": {name: float},
+            "overflows": {name: int}, "skipped_steps": int}`, keyed like
+            `layer_scales()`. `underflow_rate` is the share of exactly-zero
+            values in the gradients of the layer's component (inputs and
+            weights): underflow shows as zeros, so it bounds the underflow
+            rate from above (true zeros, as of dead ReLU units, count too);
+            updated only while `estimate_underflow` is True (`ScaleMonitor`
+            sets it). `overflows` counts steps whose overflow started in the
+            layer's component.
+
+        Example:
+
+        >>> import keras, keras_als
+        >>> telemetry = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD()).telemetry()
+        >>> telemetry["scale"], telemetry["overflows"], telemetry["skipped_steps"]
+        ({'loss': 32768.0}, {'loss': 0}, 0)
+        """
+        if not self.built:
+            return {
+                "scale": self.layer_scales(),
+                "underflow_rate": {"loss": 0.0},
+                "overflows": {"loss": 0},
+                "skipped_steps": 0,
+            }
+        names = ["loss", *self._scale_names]
+        scales = [float(keras.ops.convert_to_numpy(v)) for v in self._slot_variables()]
+        rates = keras.ops.convert_to_numpy(self.underflow_rates)
+        counts = keras.ops.convert_to_numpy(self.overflow_counts)
+        return {
+            "scale": {n: float(s) for n, s in zip(names, scales)},
+            "underflow_rate": {n: float(r) for n, r in zip(names, rates)},
+            "overflows": {n: int(c) for n, c in zip(names, counts)},
+            "skipped_steps": int(keras.ops.convert_to_numpy(self.skipped_steps)),
+        }
 
     def _apply_if_finite(self, finite, grads, variables):
         """Applies `grads` with the inner optimizer if `finite`, else nothing at all."""
@@ -364,6 +448,24 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if isinstance(policy, dict):
             policy = keras.saving.deserialize_keras_object(policy, custom_objects=custom_objects)
         return cls(inner, policy=policy, **config)
+
+
+def _zero_shares(plan, weight_grads) -> tf.Tensor:
+    """Per component, the share of exactly-zero values in its gradients.
+
+    The layers' input gradients (at the boundaries) and weight gradients
+    count; underflow shows as zeros, so this bounds the underflow rate from
+    above (true zeros, such as those of dead ReLU units, count too).
+    """
+    shares = []
+    for i, component in enumerate(plan.components):
+        counts = [_boundary.zeros(g) for g in weight_grads[i]]
+        counts += [b.gradient_zeros for b in component.inside if b.gradient_zeros is not None]
+        if counts:
+            shares.append(tf.add_n([c[0] for c in counts]) / tf.add_n([c[1] for c in counts]))
+        else:
+            shares.append(tf.constant(0.0))
+    return tf.stack(shares)
 
 
 def _agree_across_replicas(statistics: policies.Statistics, finite):

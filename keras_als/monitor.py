@@ -1,0 +1,121 @@
+"""`ScaleMonitor`: per-layer scales, underflow and overflows in logs and TensorBoard."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+
+from keras_als.optimizer import AdaptiveLossScaleOptimizer
+
+
+class ScaleMonitor(keras.callbacks.Callback):
+    """Shows what adaptive loss scaling does, while `fit` runs.
+
+    Every batch it adds `scale_min`, `scale_max` and `skipped_steps` to the
+    logs, so the progress bar shows them. Every `every_n_steps` batches it
+    records, per wrapped layer and for the loss, the scale, the estimated
+    underflow rate and the count of overflows that started there, in
+    `self.history` (keys `"step"`, `"scale/<layer>"`, `"underflow/<layer>"`,
+    `"overflows/<layer>"`) and, with `log_dir`, as TensorBoard scalars of the
+    same names. At the end of each epoch the per-layer values join the logs,
+    so `keras.callbacks.History` keeps them too.
+
+    It reads values the optimizer already keeps (a few scalars per layer), and
+    turns on the optimizer's underflow estimate: the share of exactly-zero
+    gradient values per layer, one count per gradient tensor in the step.
+
+    Args:
+        log_dir: Folder for TensorBoard event files, or None.
+        every_n_steps: How often (in batches) to record per-layer values.
+
+    Example:
+
+    >>> import keras, numpy as np, keras_als
+    >>> model = keras_als.wrap_model(keras.Sequential(
+    ...     [keras.Input((4,)), keras.layers.Dense(1, name="out")]))
+    >>> model.compile(keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD()), "mse")
+    >>> monitor = keras_als.ScaleMonitor(every_n_steps=1)
+    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=4, verbose=0,
+    ...               callbacks=[monitor])
+    >>> monitor.history["step"], sorted(k for k in monitor.history if k.startswith("scale/"))
+    ([1, 2], ['scale/loss', 'scale/out'])
+    """
+
+    def __init__(self, log_dir: str | None = None, every_n_steps: int = 10):
+        super().__init__()
+        if not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be a whole number >= 1, got {every_n_steps!r}.")
+        self.log_dir = log_dir
+        self.every_n_steps = every_n_steps
+        self.history: dict[str, list] = {"step": []}
+        self._step = 0
+        self._writer = None
+
+    @property
+    def _optimizer(self) -> AdaptiveLossScaleOptimizer:
+        optimizer = getattr(self.model, "optimizer", None)
+        if not isinstance(optimizer, AdaptiveLossScaleOptimizer):
+            raise TypeError(
+                "ScaleMonitor watches a keras_als.AdaptiveLossScaleOptimizer: compile the "
+                "model with optimizer=keras_als.AdaptiveLossScaleOptimizer(...); got "
+                f"{type(optimizer).__name__}."
+            )
+        return optimizer
+
+    def on_train_begin(self, logs=None):
+        optimizer = self._optimizer
+        if not optimizer.estimate_underflow:
+            optimizer.estimate_underflow = True
+            if getattr(self.model, "train_function", None) is not None:
+                self.model.make_train_function(force=True)  # trace again, with the estimate
+        if self.log_dir is not None and self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step += 1
+        optimizer = self._optimizer
+        if logs is not None:
+            scales = optimizer.layer_scales().values()
+            logs["scale_min"] = min(scales)
+            logs["scale_max"] = max(scales)
+            logs["skipped_steps"] = int(keras.ops.convert_to_numpy(optimizer.skipped_steps))
+        if self._step % self.every_n_steps == 0:
+            self._record(optimizer.telemetry())
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update(_per_layer(self._optimizer.telemetry()))
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.flush()
+
+    def _record(self, telemetry):
+        values = _per_layer(telemetry)
+        self.history["step"].append(self._step)
+        for key, value in values.items():
+            self.history.setdefault(key, []).append(value)
+        if self._writer is not None:
+            values["skipped_steps"] = telemetry["skipped_steps"]
+            with self._writer.as_default(step=self._step):
+                for key, value in values.items():
+                    _scalar(key, value)
+
+
+def _scalar(tag: str, value: float) -> None:
+    """Writes a scalar TensorBoard shows, without needing the tensorboard package."""
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+        data_class=summary_pb2.DATA_CLASS_SCALAR,
+    )
+    tf.summary.write(tag, tf.constant(value, tf.float32), metadata=metadata.SerializeToString())
+
+
+def _per_layer(telemetry) -> dict[str, float]:
+    values = {}
+    for name in telemetry["scale"]:
+        values[f"scale/{name}"] = telemetry["scale"][name]
+        values[f"underflow/{name}"] = telemetry["underflow_rate"][name]
+        values[f"overflows/{name}"] = telemetry["overflows"][name]
+    return values

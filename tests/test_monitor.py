@@ -1,0 +1,102 @@
+"""ScaleMonitor and plot_scales: telemetry in logs, History, TensorBoard and PNG."""
+
+import glob
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_als
+from keras_als import policies
+from tests import models
+
+
+class LastLogs(keras.callbacks.Callback):
+    """Keeps the batch logs that callbacks after the monitor see."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(dict(logs))
+
+
+def monitored_fit(tmp_path, policy="max_safe", depth=8, every=2, epochs=2):
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model, x, y = models.deep_sigmoid_mlp(depth=depth)
+        model = keras_als.wrap_model(model)
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.01), policy=policy)
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=True)
+        monitor = keras_als.ScaleMonitor(log_dir=str(tmp_path / "logs"), every_n_steps=every)
+        seen = LastLogs()
+        history = model.fit(
+            x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=[monitor, seen]
+        )
+    finally:
+        keras.config.set_dtype_policy("float32")
+    return model, optimizer, monitor, seen, history
+
+
+def test_logs_history_and_tensorboard_carry_the_per_layer_numbers(tmp_path):
+    _, optimizer, monitor, seen, history = monitored_fit(tmp_path)
+    steps = 2 * 4  # 2 epochs of 64 / 16 batches
+    assert len(seen.batches) == steps
+    for logs in seen.batches:
+        assert logs["scale_min"] <= logs["scale_max"] and logs["skipped_steps"] == 0
+    final = optimizer.layer_scales()
+    assert seen.batches[-1]["scale_max"] == max(final.values())
+    assert history.history["scale/loss"][-1] == final["loss"]
+    assert set(final) <= {k.split("/", 1)[1] for k in history.history if k.startswith("scale/")}
+    assert monitor.history["step"] == [2, 4, 6, 8]
+
+    events = glob.glob(str(tmp_path / "logs" / "events.out.tfevents.*"))
+    assert events
+    read = {}
+    for event in tf.compat.v1.train.summary_iterator(events[0]):
+        for value in event.summary.value:
+            read.setdefault(value.tag, []).append(
+                (event.step, float(tf.make_ndarray(value.tensor)))
+            )
+    for name in final:
+        expected = list(zip(monitor.history["step"], monitor.history[f"scale/{name}"]))
+        assert read[f"scale/{name}"] == expected
+        assert [s for s, _ in read[f"underflow/{name}"]] == monitor.history["step"]
+
+
+def test_underflow_estimate_is_high_where_the_scale_is_too_small(tmp_path):
+    low = monitored_fit(tmp_path / "low", policy=policies.Fixed(default=1.0), depth=12)[2]
+    adaptive = monitored_fit(tmp_path / "adaptive", depth=12)[2]
+    # The second layer's input gradients are the smallest that are computed
+    # (nothing needs the first layer's); at scale 1 most of them underflow.
+    assert low.history["underflow/dense_1"][-1] > 0.5
+    assert low.history["underflow/dense_1"][-1] > low.history["underflow/dense_8"][-1]
+    for key, values in adaptive.history.items():
+        if key.startswith("underflow/"):
+            assert all(0.0 <= v < 1e-3 for v in values), key
+
+
+@pytest.mark.parametrize("source", ["monitor", "history", "log_dir"])
+def test_plot_scales_renders_a_png_from_every_source(tmp_path, source):
+    _, _, monitor, _, history = monitored_fit(tmp_path)
+    given = {"monitor": monitor, "history": history, "log_dir": str(tmp_path / "logs")}[source]
+    path = tmp_path / "scales.png"
+    figure = keras_als.plot_scales(given, path)
+    assert len(figure.axes) == 3  # scales, heatmap, colour bar
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000
+
+
+def test_monitor_and_plot_refuse_what_they_cannot_read():
+    with pytest.raises(ValueError, match="every_n_steps"):
+        keras_als.ScaleMonitor(every_n_steps=0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(), "mse")
+    with pytest.raises(TypeError, match="AdaptiveLossScaleOptimizer"):
+        model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0, callbacks=[keras_als.ScaleMonitor()])
+    with pytest.raises(TypeError, match="ScaleMonitor"):
+        keras_als.plot_scales(42)
+    with pytest.raises(ValueError, match="ScaleMonitor"):
+        keras_als.plot_scales(keras.callbacks.History())
