@@ -71,9 +71,7 @@ def main(argv: list[str] | None = None) -> None:
             jit_compile=True,  # "auto" would not use XLA on CPU
         )
         monitor = keras_als.ScaleMonitor(every_n_steps=every)
-        model.fit(
-            x, y, batch_size=64, epochs=epochs, callbacks=[monitor], verbose=2 if args.smoke else 1
-        )
+        model.fit(x, y, batch_size=64, epochs=epochs, callbacks=[monitor], verbose=2)
         _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     finally:
         keras.config.set_dtype_policy("float32")
