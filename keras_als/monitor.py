@@ -13,7 +13,8 @@ class ScaleMonitor(keras.callbacks.Callback):
     """Shows what adaptive loss scaling does, while `fit` runs.
 
     Every batch it adds `scale_min`, `scale_max` and `skipped_steps` to the
-    logs, so the progress bar shows them. Every `every_n_steps` batches it
+    logs, so the progress bar shows them (read every `every_n_steps` batches,
+    so that the monitor costs no time). Every `every_n_steps` batches it
     records, per wrapped layer and for the loss, the scale, the estimated
     underflow rate and the count of overflows that started there, in
     `self.history` (keys `"step"`, `"scale/<layer>"`, `"underflow/<layer>"`,
@@ -23,7 +24,8 @@ class ScaleMonitor(keras.callbacks.Callback):
 
     It reads values the optimizer already keeps (a few scalars per layer), and
     turns on the optimizer's underflow estimate: the share of exactly-zero
-    gradient values per layer, one count per gradient tensor in the step.
+    gradient values per layer, counted in the training step every
+    `every_n_steps` steps.
 
     Args:
         log_dir: Folder for TensorBoard event files, or None.
@@ -50,6 +52,7 @@ class ScaleMonitor(keras.callbacks.Callback):
         self.every_n_steps = every_n_steps
         self.history: dict[str, list] = {"step": []}
         self._step = 0
+        self._summary: dict[str, float] = {}
         self._writer = None
 
     @property
@@ -65,8 +68,8 @@ class ScaleMonitor(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         optimizer = self._optimizer
-        if not optimizer.estimate_underflow:
-            optimizer.estimate_underflow = True
+        if optimizer.estimate_underflow != self.every_n_steps:
+            optimizer.estimate_underflow = self.every_n_steps
             if getattr(self.model, "train_function", None) is not None:
                 self.model.make_train_function(force=True)  # trace again, with the estimate
         if self.log_dir is not None and self._writer is None:
@@ -74,14 +77,18 @@ class ScaleMonitor(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self._step += 1
-        optimizer = self._optimizer
+        if self._step % self.every_n_steps == 0 or not self._summary:
+            telemetry = self._optimizer.telemetry()
+            scales = telemetry["scale"].values()
+            self._summary = {
+                "scale_min": min(scales),
+                "scale_max": max(scales),
+                "skipped_steps": telemetry["skipped_steps"],
+            }
+            if self._step % self.every_n_steps == 0:
+                self._record(telemetry)
         if logs is not None:
-            scales = optimizer.layer_scales().values()
-            logs["scale_min"] = min(scales)
-            logs["scale_max"] = max(scales)
-            logs["skipped_steps"] = int(keras.ops.convert_to_numpy(optimizer.skipped_steps))
-        if self._step % self.every_n_steps == 0:
-            self._record(optimizer.telemetry())
+            logs.update(self._summary)  # refreshed every `every_n_steps` batches
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:

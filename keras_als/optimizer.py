@@ -96,7 +96,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             )
         super().__init__(inner_optimizer, initial_scale=float(initial_scale), name=name, **kwargs)
         self.policy = resolved
-        self.estimate_underflow = False
+        self.estimate_underflow = 0  # every how many steps to measure zeros; 0: never
         self._warned_eager = False
 
     @tracking.no_automatic_dependency_tracking
@@ -311,13 +311,16 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             tf.scatter_nd(slots, overflowed, self.overflow_counts.shape)
         )
         if self.estimate_underflow:
-            rates = tf.gather(_zero_shares(plan, weight_grads), components)
-            keep = tf.gather(statistics.silent, components)
             current = tf.gather(self.underflow_rates.value, [s[0] for s in slots])
+
+            def measure():
+                rates = tf.gather(_zero_shares(plan, weight_grads), components)
+                return tf.where(tf.gather(statistics.silent, components), current, rates)
+
+            due = tf.equal(self.iterations % self.estimate_underflow, 0)
+            rates = tf.cond(due, measure, lambda: current)
             self.underflow_rates.assign(
-                tf.tensor_scatter_nd_update(
-                    self.underflow_rates.value, slots, tf.where(keep, current, rates)
-                )
+                tf.tensor_scatter_nd_update(self.underflow_rates.value, slots, rates)
             )
 
     def _slot_variables(self):
@@ -333,9 +336,9 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             values in the gradients of the layer's component (inputs and
             weights): underflow shows as zeros, so it bounds the underflow
             rate from above (true zeros, as of dead ReLU units, count too);
-            updated only while `estimate_underflow` is True (`ScaleMonitor`
-            sets it). `overflows` counts steps whose overflow started in the
-            layer's component.
+            measured every `estimate_underflow` steps (0, the default, never;
+            `ScaleMonitor` sets it to its own period). `overflows` counts the
+            steps whose overflow started in the layer's component.
 
         Example:
 
