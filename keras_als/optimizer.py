@@ -111,9 +111,9 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
         # Every replica computes the same new values (from all-reduced statistics),
         # so each scale is written in replica context and kept from the first.
-        def state(name, dtype="float32", initial=self.initial_scale):
+        def state(name, dtype="float32", initial=self.initial_scale, shape=()):
             return self.add_variable(
-                shape=(),
+                shape=shape,
                 dtype=dtype,
                 initializer=keras.initializers.Constant(initial),
                 aggregation="only_first_replica",
@@ -123,20 +123,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._layer_scale_variables = [state(f"scale_{name}") for name in self._scale_names]
         self.skipped_steps = state("skipped_steps", "int", 0)
         slots = len(self._scale_names) + 1  # the loss's, then each layer's
-        self.overflow_counts = self.add_variable(
-            shape=(slots,),
-            dtype="int",
-            initializer="zeros",
-            aggregation="only_first_replica",
-            name="overflow_counts",
-        )
-        self.underflow_rates = self.add_variable(
-            shape=(slots,),
-            dtype="float32",
-            initializer="zeros",
-            aggregation="only_first_replica",
-            name="underflow_rates",
-        )
+        self.overflow_counts = state("overflow_counts", "int", 0, shape=(slots,))
+        self.underflow_rates = state("underflow_rates", "float32", 0.0, shape=(slots,))
         # LossScaleOptimizer's own state, with the aggregation above.
         self.step_counter = state("step_counter", "int", 0)
         self.dynamic_scale = state("dynamic_scale")
