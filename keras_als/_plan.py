@@ -85,6 +85,7 @@ class _UnionFind:
 
 def _walk(loss: tf.Tensor, boundaries: list[_boundary.Boundary]):
     """Labels every op behind `loss`; returns labels and reached boundaries."""
+    graph = loss.graph
     stop = {}
     for b in boundaries:
         for t in b.outputs:
@@ -99,6 +100,8 @@ def _walk(loss: tf.Tensor, boundaries: list[_boundary.Boundary]):
         stack = list(tensors)
         while stack:
             tensor = stack.pop()
+            if getattr(tensor, "graph", None) is not graph:
+                continue  # an eager tensor the function captured: a constant to this graph
             b = stop.get(tensor.ref())
             if b is not None:
                 if id(b) not in reached:
@@ -169,6 +172,23 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
             target.variable, target.name = variable, b.owner.layer.name
         elif all(variable is not x for x in [target.variable, *target.aliases]):
             target.aliases.append(variable)
+    # Wrapped layers with no boundary here (an Embedding of token ids) hold the
+    # component their weights lie in, so that their reported scale is true.
+    reached_owners = {id(b.owner) for b, _, _ in reached}
+    for owner in optimizer.scale_owners():
+        variable = optimizer.scale_variable_for(owner)
+        placed = [
+            component_of[id(w.handle)]
+            for w in owner.trainable_weights
+            if id(w.handle) in component_of
+        ]
+        if id(owner) in reached_owners or variable is None or not placed:
+            continue
+        target = components[placed[0]]
+        if target.variable is None:
+            target.variable, target.name = variable, owner.layer.name
+        elif all(variable is not x for x in [target.variable, *target.aliases]):
+            target.aliases.append(variable)
     # Components with no wrapped weights take the scale their gradient arrives with.
     changed = True
     while changed:
@@ -220,6 +240,12 @@ def remember(optimizer, plan: Plan) -> None:
     if not hasattr(_local, "plans"):
         _local.plans = {}
     _local.plans[id(optimizer)] = plan
+
+
+def made_elsewhere(optimizer) -> bool:
+    """True if `optimizer` planned a step in another graph than the one traced now."""
+    plan = getattr(_local, "plans", {}).get(id(optimizer))
+    return plan is not None and plan.graph is not tf.compat.v1.get_default_graph()
 
 
 def current(optimizer) -> Plan | None:

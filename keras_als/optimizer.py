@@ -136,6 +136,10 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """The scale variable of the loss's component, or None before `build`."""
         return self.dynamic_scale if self.built else None
 
+    def scale_owners(self) -> list:
+        """The wrapped layers that have a scale variable (empty before `build`)."""
+        return list(self._scale_owners) if self.built else []
+
     def scale_variable_for(self, wrapper):
         """The scale variable of a wrapped layer, or None if it has none."""
         if not self.built:
@@ -229,6 +233,12 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
         plan = _plan.current(self)
+        if plan is None and tf.inside_function() and _plan.made_elsewhere(self):
+            raise ValueError(
+                "apply() is traced in another tf.function than scale_loss(): the gradients "
+                "carry per-layer scales that only the function which called scale_loss() "
+                "knows. Call scale_loss, tape.gradient and apply in one traced function."
+            )
         if plan is None:
             return super().apply(grads, trainable_variables)
         if not self.built:
@@ -318,9 +328,9 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """Per-layer numbers for monitoring, as plain Python values.
 
         Returns:
-            `{"scale": {name: float}, "underflow_rate": {name: float},
-            "overflows": {name: int}, "skipped_steps": int}`, keyed like
-            `layer_scales()`. `underflow_rate` is the share of exactly-zero
+            A dict with four entries. `"scale"`, `"underflow_rate"` and
+            `"overflows"` map each name of `layer_scales()` to a number;
+            `"skipped_steps"` is a count. `underflow_rate` is the share of exactly-zero
             values in the gradients of the layer's component (inputs and
             weights): underflow shows as zeros, so it bounds the underflow
             rate from above (true zeros, as of dead ReLU units, count too);

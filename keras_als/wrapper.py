@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
+from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
 from keras_als import _boundary, _forward_state
 from keras_als.optimizer import mark_owner
@@ -67,6 +68,9 @@ class AdaptiveScaled(keras.layers.Wrapper):
         if floating:
             crossed = _boundary.insert(self, [flat[i] for i in floating])
             for i, x in zip(floating, crossed):
+                mask = get_keras_mask(flat[i])
+                if mask is not None:
+                    set_keras_mask(x, mask)  # the layer reads masks off its inputs
                 flat[i] = x
             args, kwargs = keras.tree.pack_sequence_as((args, kwargs), flat)
         state = _forward_state.snapshot(self.layer.non_trainable_variables)
@@ -121,6 +125,8 @@ def wrap_model(model: keras.Model) -> keras.Model:
         )
 
     def wrap(layer):
+        if not isinstance(layer, keras.layers.Layer):  # an operation, e.g. a mask's NotEqual
+            return layer
         if isinstance(layer, keras.Model) and _is_graph_model(layer):
             return wrap_model(layer)
         clone = layer.__class__.from_config(layer.get_config())

@@ -116,3 +116,43 @@ def test_import_fails_clearly_on_another_backend():
     )
     assert result.returncode != 0
     assert "KERAS_BACKEND=tensorflow" in result.stderr
+
+
+def test_apply_traced_apart_from_scale_loss_is_refused():
+    import tensorflow as tf
+
+    model = keras_als.wrap_model(models.sequential_mlp()[0])
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.1))
+    optimizer.build(model.trainable_variables)
+    x = np.ones((4, 12), "float32")
+
+    @tf.function
+    def gradients():
+        with tf.GradientTape() as tape:
+            scaled = optimizer.scale_loss(tf.reduce_mean(model(x)))
+        return tape.gradient(scaled, model.trainable_variables)
+
+    @tf.function
+    def apply(grads):
+        optimizer.apply(grads, model.trainable_variables)
+
+    with pytest.raises(ValueError, match="one traced function"):
+        apply(gradients())
+
+
+def test_a_tensor_captured_by_the_step_function_is_fine():
+    import tensorflow as tf
+
+    model = keras_als.wrap_model(models.sequential_mlp()[0])
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.1))
+    x = tf.constant(np.random.default_rng(0).normal(size=(16, 12)), tf.float32)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            scaled = optimizer.scale_loss(tf.reduce_mean(tf.square(model(x))))
+        optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+
+    step()
+    step()
+    assert int(optimizer.iterations.numpy()) == 2

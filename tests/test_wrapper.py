@@ -167,3 +167,27 @@ def test_wrapper_keeps_the_layer_dtype_policy():
         assert keras_als.AdaptiveScaled(layers.Dense(2)).compute_dtype == "float16"
     finally:
         keras.config.set_dtype_policy("float32")
+
+
+def test_masks_cross_the_wrapper_and_operations_are_not_wrapped():
+    tokens = keras.Input((6,), dtype="int32")
+    embedded = layers.Embedding(20, 8, mask_zero=True)(tokens)
+    model = keras.Model(tokens, layers.Dense(1)(layers.LSTM(5)(embedded)))
+    x = np.array([[1, 2, 3, 0, 0, 0], [4, 5, 0, 0, 0, 0]], "int32")
+    wrapped = keras_als.wrap_model(model)
+    np.testing.assert_allclose(wrapped(x), model(x), rtol=1e-6)
+    unmasked = keras.Model(tokens, layers.Dense(1)(layers.LSTM(5)(layers.Embedding(20, 8)(tokens))))
+    unmasked.set_weights(model.get_weights())
+    assert np.max(np.abs(unmasked(x) - model(x))) > 1e-4  # the mask matters here
+
+
+def test_an_embedding_of_token_ids_reports_the_scale_its_weights_get():
+    tokens = keras.Input((8,), dtype="int32")
+    h = layers.GlobalAveragePooling1D()(layers.Embedding(30, 6, name="embed")(tokens))
+    model = keras_als.wrap_model(keras.Model(tokens, layers.Dense(1, name="head")(h)))
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.1))
+    model.compile(optimizer=optimizer, loss="mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.integers(0, 30, (64, 8)), rng.normal(size=(64, 1)), epochs=2, verbose=0)
+    scales = optimizer.layer_scales()
+    assert scales["embed"] != optimizer.initial_scale  # planned, not left at its start value
