@@ -179,7 +179,7 @@ def _environment() -> str:
 
 def markdown(results: dict, targets: list[report.Target], command: str, images: list[str]) -> str:
     """RESULTS.md from the results and targets."""
-    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    when = results.get("date") or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     seconds = results["seconds"]
     methods = {m.name: m for m in common.ALL_METHODS + cost.BREAKDOWN}
     used = dict.fromkeys(m.method for m in results["measurements"])
@@ -194,7 +194,15 @@ def markdown(results: dict, targets: list[report.Target], command: str, images: 
         f"- Command: `{command}`",
         f"- Date: {when}",
         f"- Machine: {_environment()}",
-        f"- keras_als measured: {results['provenance']}",
+        f"- keras_als measured: {results.get('provenance', 'not recorded')}",
+        *(
+            [
+                f"- Tables re-rendered from this run's results.json on {results['rendered']} "
+                f"by `{command} --render` (no new measurement)"
+            ]
+            if results.get("rendered")
+            else []
+        ),
         f"- Wall time: {seconds['total']:.0f} s (fidelity {seconds['fidelity']:.0f} s, "
         f"convergence {seconds['convergence']:.0f} s, step time {seconds['cost']:.0f} s, "
         f"memory {seconds['memory']:.0f} s)",
@@ -206,6 +214,13 @@ def markdown(results: dict, targets: list[report.Target], command: str, images: 
         "```",
         *[t.line() for t in targets],
         "```",
+        "",
+        "## Summary: keras_als (max_safe) against Keras LSO",
+        "",
+        "Gradient error (mean over layers, worst layer) and underflow rate against float32; "
+        "full tables with every method below.",
+        "",
+        report.fidelity_summary(results["measurements"], results["hard"]),
         "",
         "## Methods",
         "",
@@ -281,20 +296,55 @@ def _jsonable(results: dict) -> dict:
     return out
 
 
+def load(path: str) -> dict:
+    """Results saved by a run (`results.json`), as the dataclasses `run` returns."""
+    with open(path) as f:
+        saved = json.load(f)
+    written = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.UTC)
+    saved.setdefault("date", written.strftime("%Y-%m-%d %H:%M UTC") + " (results.json written)")
+    by_name = {c.name: c for c in zoo.cases()}
+    return dict(
+        saved,
+        measurements=[
+            fidelity.Measurement(**dict(m, layers=[tuple(row) for row in m["layers"]]))
+            for m in saved["measurements"]
+        ],
+        runs=[convergence.Run(**r) for r in saved["runs"]],
+        timings=[cost.Timing(**t) for t in saved["timings"]],
+        sweep=[cost.Timing(**t) for t in saved["sweep"]],
+        memory=[memory.Memory(**m) for m in saved["memory"]],
+        hard=set(saved["hard"]),
+        cases=[by_name[name] for name in saved["cases"]],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small budget (< 3 min), for CI")
     parser.add_argument("--out", help="output folder (default benchmarks/results[/quick])")
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: rebuild RESULTS.md, the plots and the targets from the "
+        "results.json of an earlier run in the output folder",
+    )
     args = parser.parse_args(argv)
     here = os.path.dirname(os.path.abspath(__file__))
     folder = args.out or os.path.join(here, "results", "quick" if args.quick else "")
     os.makedirs(folder, exist_ok=True)
     command = "python -m benchmarks.run" + (" --quick" if args.quick else "")
 
-    provenance = _provenance()
-    results = run(QUICK if args.quick else FULL, args.quick)
-    results["provenance"] = provenance
+    if args.render:
+        results = load(os.path.join(folder, "results.json"))
+        command = results.get("command", command)
+        results["rendered"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    else:
+        provenance = _provenance()
+        results = run(QUICK if args.quick else FULL, args.quick)
+        results["provenance"] = provenance
+        results["command"] = command
+        results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     targets = report.targets(
         results["measurements"],
         results["hard"],
@@ -309,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         f.write(text)
     with open(os.path.join(folder, "results.json"), "w") as f:
         json.dump(_jsonable(results), f, indent=1, default=float)
+    print()
+    print(report.fidelity_summary(results["measurements"], results["hard"]))
     print()
     print(report.convergence_table(results["runs"]))
     print()
