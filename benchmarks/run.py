@@ -67,16 +67,16 @@ FULL = Budget(
     memory_models=memory.MODELS,
 )
 QUICK = Budget(
-    cases=("cnn_batchnorm", "deep_sigmoid"),
+    cases=("deep_mlp", "deep_sigmoid"),
     methods=(common.FLOAT32, common.KERAS_LSO, common.ALS_MAX_SAFE),
-    fidelity_steps=40,
+    fidelity_steps=20,
     seeds=(0,),
-    epochs={"digits_cnn": 8, "mnist_mlp": 3},
+    epochs={"digits_cnn": 6, "mnist_mlp": 2},
     blocks=8,
     steps_per_block=10,
     breakdown=False,
-    timing_models=("cnn_batchnorm", "transformer"),
-    sweep=(5, 10, 20),
+    timing_models=("transformer",),
+    sweep=(4, 16),
     memory_models=("cnn_batchnorm",),
 )
 
