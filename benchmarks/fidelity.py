@@ -1,10 +1,13 @@
 """Gradient fidelity: the unscaled mixed-precision gradient against float32.
 
-`relative_errors(model_fn, x, y, make_optimizer)` trains a copy of the model
-under `mixed_float16` for a few steps (so dynamic scales settle), then measures,
-with identical weights and batch, each variable's gradient error
-`||g_mixed - g_fp32|| / ||g_fp32||` and underflow rate (share of elements
-non-zero in float32 and zero in the mixed run).
+Metrics (DESIGN.md section 5), with identical weights and batch: the relative
+error `||g_mixed - g_fp32|| / ||g_fp32||` of each variable's gradient and its
+underflow rate (share of elements non-zero in float32 and zero in the mixed run).
+
+- `float32_gradients`, `mixed_gradients`, `compare`: the building blocks (also
+  used by tests/test_mixed_precision.py).
+- `measure_case`: the benchmark, every method on one `benchmarks.zoo.Case`, at
+  initialisation and after training.
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ import tensorflow as tf
 from benchmarks import common, zoo
 
 
-def float32_gradients(model, x, y, loss_fn):
+def float32_gradients(model, x, y, loss_fn) -> list[np.ndarray]:
+    """Gradients of `loss_fn(y, model(x))` (training mode) as NumPy arrays."""
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
     return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
 
 
-def mixed_gradients(model, optimizer, x, y, loss_fn):
+def mixed_gradients(model, optimizer, x, y, loss_fn) -> list[np.ndarray]:
+    """True (unscaled) gradients through `optimizer.scale_loss` / `optimizer.unscale`, XLA."""
+
     @tf.function(jit_compile=True)
     def step(x, y):
         with tf.GradientTape() as tape:
@@ -36,7 +42,8 @@ def mixed_gradients(model, optimizer, x, y, loss_fn):
     return [g.numpy() for g in step(tf.constant(x), tf.constant(y))]
 
 
-def compare(reference, measured, names):
+def compare(reference, measured, names) -> list[tuple[str, float, float]]:
+    """Per variable: `(name, relative error, underflow rate)` of `measured` vs `reference`."""
     rows = []
     for name, r, m in zip(names, reference, measured):
         norm = np.linalg.norm(r)
