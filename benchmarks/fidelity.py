@@ -25,7 +25,7 @@ def float32_gradients(model, x, y, loss_fn) -> list[np.ndarray]:
     """Gradients of `loss_fn(y, model(x))` (training mode) as NumPy arrays."""
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
-    return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+    return [_dense(g) for g in tape.gradient(loss, model.trainable_variables)]
 
 
 def mixed_gradients(model, optimizer, x, y, loss_fn) -> list[np.ndarray]:
@@ -39,7 +39,7 @@ def mixed_gradients(model, optimizer, x, y, loss_fn) -> list[np.ndarray]:
         grads = tape.gradient(scaled, model.trainable_variables)
         return optimizer.unscale(grads, model.trainable_variables)
 
-    return [g.numpy() for g in step(tf.constant(x), tf.constant(y))]
+    return [_dense(g) for g in step(tf.constant(x), tf.constant(y))]
 
 
 def compare(reference, measured, names) -> list[tuple[str, float, float]]:
@@ -92,6 +92,7 @@ class Measurement:
 
 
 def _dense(gradient) -> np.ndarray:
+    """A gradient (dense or `tf.IndexedSlices`, as an Embedding's) as a float32 array."""
     return np.asarray(tf.convert_to_tensor(gradient), dtype=np.float32)
 
 
