@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 from keras.src.utils import tracking
 
-from keras_als import _boundary, _forward_state, _plan, policies
+from keras_als import _boundary, _forward_state, _plan, _statistics, policies
 
 _OWNER = "_keras_als_owner"
 
@@ -281,8 +281,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             if all_weight_amax
             else tf.constant(True)
         )
-        statistics = self._statistics(plan, weight_amax, weight_grads)
-        statistics, finite = _agree_across_replicas(statistics, finite)
+        statistics = _statistics.measure(plan, weight_amax, weight_grads)
+        statistics, finite = _statistics.agree_across_replicas(statistics, finite)
         self._apply_if_finite(finite, unscaled, variables)
         _forward_state.restore_unless(finite)
         self.skipped_steps.assign_add(tf.cast(tf.logical_not(finite), self.skipped_steps.dtype))
@@ -312,7 +312,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             current = tf.gather(self.underflow_rates.value, [s[0] for s in slots])
 
             def measure():
-                rates = tf.gather(_zero_shares(plan, weight_grads), components)
+                rates = tf.gather(_statistics.zero_shares(plan, weight_grads), components)
                 return tf.where(tf.gather(statistics.silent, components), current, rates)
 
             due = tf.equal(self.iterations % self.estimate_underflow, 0)
@@ -388,51 +388,6 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
         tf.distribute.get_replica_context().merge_call(decide, args=(finite, grads))
 
-    def _statistics(self, plan, weight_amax, weight_grads) -> policies.Statistics:
-        # Statistics no policy reads are pruned from the traced graph: no cost.
-        amax, mean_square, overflow, silent = [], [], [], []
-        for i, component in enumerate(plan.components):
-            scale = plan.scales[i]
-            seen = list(weight_amax[i])
-            incoming_finite, incoming_amax = [], []
-            for b in component.inside:
-                if b.gradient_amax is not None:
-                    seen.append(b.gradient_amax)
-            for b in component.feeding:
-                if b.gradient_amax is not None and b.ratio is not None:
-                    post = b.gradient_amax * b.ratio
-                    limit = b.inputs[0].dtype.max
-                    seen.append(tf.where(post > limit, float("inf"), post))
-                    incoming_finite.append(tf.math.is_finite(b.gradient_amax))
-                    incoming_amax.append(b.gradient_amax)
-            component_amax = tf.reduce_max(tf.stack(seen)) / scale if seen else tf.constant(0.0)
-            squares = [
-                b.gradient_mean_square
-                for b in component.inside
-                if b.gradient_mean_square is not None
-            ] or [_boundary.mean_square(g) for g in weight_grads[i]]
-            component_square = (
-                tf.add_n(squares) / len(squares) / (scale * scale) if squares else tf.constant(0.0)
-            )
-            came_in_finite = (
-                tf.reduce_all(tf.stack(incoming_finite)) if incoming_finite else tf.constant(True)
-            )
-            amax.append(component_amax)
-            mean_square.append(component_square)
-            started_here = tf.logical_not(tf.math.is_finite(component_amax))
-            overflow.append(tf.logical_and(started_here, came_in_finite))
-            silent.append(
-                tf.reduce_max(tf.stack(incoming_amax)) == 0 if incoming_amax else tf.constant(False)
-            )
-        return policies.Statistics(
-            amax=tf.stack(amax),
-            mean_square=tf.stack(mean_square),
-            overflow=tf.stack(overflow),
-            silent=tf.stack(silent),
-            downstream=plan.downstream(),
-            names=tuple(c.name for c in plan.components),
-        )
-
     def get_config(self):
         config = super().get_config()
         config.pop("dynamic_growth_steps", None)
@@ -449,51 +404,6 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if isinstance(policy, dict):
             policy = keras.saving.deserialize_keras_object(policy, custom_objects=custom_objects)
         return cls(inner, policy=policy, **config)
-
-
-def _zero_shares(plan, weight_grads) -> tf.Tensor:
-    """Per component, the share of exactly-zero values in its gradients.
-
-    The layers' input gradients (at the boundaries) and weight gradients
-    count; underflow shows as zeros, so this bounds the underflow rate from
-    above (true zeros, such as those of dead ReLU units, count too).
-    """
-    shares = []
-    for i, component in enumerate(plan.components):
-        counts = [_boundary.zeros(g) for g in weight_grads[i]]
-        counts += [b.gradient_zeros for b in component.inside if b.gradient_zeros is not None]
-        if counts:
-            shares.append(tf.add_n([c[0] for c in counts]) / tf.add_n([c[1] for c in counts]))
-        else:
-            shares.append(tf.constant(0.0))
-    return tf.stack(shares)
-
-
-def _agree_across_replicas(statistics: policies.Statistics, finite):
-    """Takes the largest statistics over all replicas, so all decide alike.
-
-    The all-reduced gradient (a sum) is finite exactly when every replica's
-    gradient is, so skipping on the reduced `finite` is skipping on the
-    all-reduced gradients; the same statistics give every replica the same
-    next scales.
-    """
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return statistics, finite
-    packed = tf.stack(
-        [
-            statistics.amax,
-            statistics.mean_square,
-            tf.cast(statistics.overflow, tf.float32),
-            tf.cast(tf.logical_not(statistics.silent), tf.float32),
-            tf.fill(tf.shape(statistics.amax), tf.cast(tf.logical_not(finite), tf.float32)),
-        ]
-    )
-    packed = tf.reduce_max(context.all_gather(packed[None], axis=0), axis=0)
-    agreed = statistics._replace(
-        amax=packed[0], mean_square=packed[1], overflow=packed[2] > 0, silent=packed[3] == 0
-    )
-    return agreed, packed[4][0] == 0
 
 
 def _divide(gradient, scale):
