@@ -36,6 +36,13 @@ class Component:
     inside: list = dataclasses.field(default_factory=list)  # boundaries whose output lies here
     feeding: list = dataclasses.field(default_factory=list)  # boundaries whose input lies here
 
+    def hold(self, variable, name: str) -> None:
+        """Takes `variable` as this component's scale, or keeps it equal as an alias."""
+        if self.variable is None:
+            self.variable, self.name = variable, name
+        elif all(variable is not x for x in [self.variable, *self.aliases]):
+            self.aliases.append(variable)
+
 
 @dataclasses.dataclass
 class Plan:
@@ -167,11 +174,7 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
             for w in b.owner.trainable_weights
             if id(w.handle) in component_of
         ]
-        target = components[placed[0] if placed else sides[id(b)][1]]
-        if target.variable is None:
-            target.variable, target.name = variable, b.owner.layer.name
-        elif all(variable is not x for x in [target.variable, *target.aliases]):
-            target.aliases.append(variable)
+        components[placed[0] if placed else sides[id(b)][1]].hold(variable, b.owner.layer.name)
     # Wrapped layers with no boundary here (an Embedding of token ids) hold the
     # component their weights lie in, so that their reported scale is true.
     reached_owners = {id(b.owner) for b, _, _ in reached}
@@ -184,11 +187,7 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
         ]
         if id(owner) in reached_owners or variable is None or not placed:
             continue
-        target = components[placed[0]]
-        if target.variable is None:
-            target.variable, target.name = variable, owner.layer.name
-        elif all(variable is not x for x in [target.variable, *target.aliases]):
-            target.aliases.append(variable)
+        components[placed[0]].hold(variable, owner.layer.name)
     # Components with no wrapped weights take the scale their gradient arrives with.
     changed = True
     while changed:
