@@ -84,21 +84,6 @@ def timing_models() -> list[tuple[str, Callable[[], keras.Model], np.ndarray, np
     ]
 
 
-def compiled_step(model: keras.Model, optimizer, loss_fn) -> Callable:
-    """The training step both methods share, compiled with XLA."""
-
-    @tf.function(jit_compile=True)
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, tf.cast(model(x, training=True), tf.float32))
-            scaled = common.scale_loss(optimizer, loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
-
-    return train_step
-
-
 def loss_for(y: np.ndarray, model: keras.Model) -> keras.losses.Loss:
     """Sparse cross-entropy for a multi-output head, else mean squared error."""
     if model.outputs[0].shape[-1] > 1:
@@ -169,7 +154,7 @@ def interleaved(
         model, optimizer = method.build(builder, weights, keras.optimizers.Adam(1e-4))
         if method.wrap:
             wrapped = sum(1 for layer in model.layers if layer.name.endswith("_scaled"))
-        steps[method.name] = compiled_step(model, optimizer, loss_for(y, model))
+        steps[method.name] = common.compiled_step(model, optimizer, loss_for(y, model))
     x, y = tf.constant(x), tf.constant(y)
     for step in steps.values():
         _time_block(step, x, y, 3)  # trace, compile, settle

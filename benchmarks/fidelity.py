@@ -129,14 +129,7 @@ class _Runner:
         )
         model, optimizer, loss_fn = self.model, self.optimizer, case.loss
 
-        @tf.function(jit_compile=True)
-        def train_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, tf.cast(model(x, training=True), tf.float32))
-                scaled = common.scale_loss(optimizer, loss)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            optimizer.apply(grads, model.trainable_variables)
-            return loss
+        train_step = common.compiled_step(model, optimizer, loss_fn)
 
         @tf.function(jit_compile=True)
         def gradient_step(x, y):

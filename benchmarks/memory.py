@@ -103,7 +103,7 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
     method = {m.name: m for m in common.ALL_METHODS}[method_name]
     common.set_seed(0)
     model, optimizer = method.build(builder)
-    step = cost.compiled_step(model, optimizer, cost.loss_for(y, model))
+    step = common.compiled_step(model, optimizer, cost.loss_for(y, model))
     x, y = tf.constant(x), tf.constant(y)
     before = _high_water_mb()
     for _ in range(steps):
