@@ -54,6 +54,7 @@ class Method:
         wrap: Whether the model is wrapped with `keras_als.wrap_model` (layer-wise
             scales); an unwrapped model has one global scale, the loss's.
         initial_scale: keras_als's scale on the first step.
+        measure_every_n_steps: keras_als's statistics period (None: its default).
         label: What the method is, for the README tables.
     """
 
@@ -62,6 +63,7 @@ class Method:
     policy: object = None
     wrap: bool = False
     initial_scale: float = 2.0**15
+    measure_every_n_steps: int | None = None
     label: str = ""
 
     @property
@@ -75,8 +77,11 @@ class Method:
             return inner
         if self.kind == "keras_lso":
             return keras.optimizers.LossScaleOptimizer(inner)
+        period = {}
+        if self.measure_every_n_steps is not None:
+            period["measure_every_n_steps"] = self.measure_every_n_steps
         return keras_als.AdaptiveLossScaleOptimizer(
-            inner, policy=self.policy, initial_scale=self.initial_scale
+            inner, policy=self.policy, initial_scale=self.initial_scale, **period
         )
 
     def build(

@@ -101,6 +101,14 @@ def _time_block(step: Callable, x: tf.Tensor, y: tf.Tensor, n: int) -> float:
 
 BREAKDOWN = (
     common.Method(
+        "als_every_step",
+        "als",
+        common.policies.MaxSafe(),
+        wrap=True,
+        measure_every_n_steps=1,
+        label="keras_als, MaxSafe, measuring every step (measure_every_n_steps=1)",
+    ),
+    common.Method(
         "als_fixed_wrapped",
         "als",
         common.policies.Fixed(default=2.0**10),

@@ -4,7 +4,9 @@
 wrapped layer receives. Forward, it is an identity. Backward, its gradient
 function measures the gradient arriving from the layer (largest absolute value,
 mean square) and multiplies it by `ratio`, a power of two that the optimizer's
-plan sets before backprop starts. Every boundary made while tracing a graph is
+plan sets before backprop starts. The measurement costs one reduction over the
+gradient; the plan can make it conditional (`measure_when`), so that steps
+which do not refresh the scales skip it. Every boundary made while tracing a graph is
 recorded, so that the plan can find the scale components of that graph.
 
 Outside a traced function there is no graph to walk, so `insert` returns the
@@ -31,6 +33,10 @@ class Boundary:
         gradient_amax: Largest |gradient| that arrived, at the scale of the
             output side (inf if a value was not finite); set during backprop.
         gradient_mean_square: Mean squared gradient that arrived (float32).
+        gradient_zeros: (exact zeros, values) in the gradient that arrived.
+        measure_when: Scalar bool tensor, set by the plan: measure amax and mean
+            square only when it is true (else both read 0). None: always.
+        count_zeros_when: The same for `gradient_zeros`.
     """
 
     def __init__(self, owner, inputs):
@@ -41,20 +47,33 @@ class Boundary:
         self.gradient_amax: tf.Tensor | None = None
         self.gradient_mean_square: tf.Tensor | None = None
         self.gradient_zeros: tuple[tf.Tensor, tf.Tensor] | None = None
+        self.measure_when: tf.Tensor | None = None
+        self.count_zeros_when: tf.Tensor | None = None
 
     def backward(self, *gradients):
         present = [g for g in gradients if g is not None]
         if present:
-            self.gradient_amax = tf.reduce_max(tf.stack([amax(g) for g in present]))
-            self.gradient_mean_square = tf.add_n([mean_square(g) for g in present]) / len(present)
-            counts = [zeros(g) for g in present]
-            self.gradient_zeros = (
-                tf.add_n([c[0] for c in counts]),
-                tf.add_n([c[1] for c in counts]),
-            )
+
+            def measure():
+                largest = tf.reduce_max(tf.stack([amax(g) for g in present]))
+                return largest, tf.add_n([mean_square(g) for g in present]) / len(present)
+
+            def count():
+                counts = [zeros(g) for g in present]
+                return tf.add_n([c[0] for c in counts]), tf.add_n([c[1] for c in counts])
+
+            self.gradient_amax, self.gradient_mean_square = _when(self.measure_when, measure)
+            self.gradient_zeros = _when(self.count_zeros_when, count)
         if self.ratio is None:
             return list(gradients)
         return [None if g is None else multiply(g, self.ratio) for g in gradients]
+
+
+def _when(condition: tf.Tensor | None, compute):
+    """`compute()` (a pair of float32 scalars) where `condition` holds, else zeros."""
+    if condition is None:
+        return compute()
+    return tf.cond(condition, compute, lambda: (tf.constant(0.0), tf.constant(0.0)))
 
 
 def amax(tensor: tf.Tensor) -> tf.Tensor:

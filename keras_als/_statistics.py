@@ -3,8 +3,8 @@
 `measure` turns the gradients a step computed into `policies.Statistics`:
 the largest value, mean square and overflow origin of each component, from
 the weight gradients and from what the boundaries saw during backprop.
-`agree_across_replicas` makes every replica decide alike; `zero_shares`
-measures underflow for the telemetry.
+`agree_across_replicas` and `finite_on_every_replica` make every replica
+decide alike; `zero_shares` measures underflow for the telemetry.
 """
 
 from __future__ import annotations
@@ -81,28 +81,49 @@ def zero_shares(plan, weight_grads) -> tf.Tensor:
     return tf.stack(shares)
 
 
-def agree_across_replicas(statistics: policies.Statistics, finite):
-    """Takes the largest statistics over all replicas, so all decide alike.
+def unless_measuring(statistics: policies.Statistics, measuring) -> policies.Statistics:
+    """`statistics` where `measuring` is true, else statistics that keep every scale."""
+    return statistics._replace(
+        overflow=tf.logical_and(statistics.overflow, measuring),
+        silent=tf.logical_or(statistics.silent, tf.logical_not(measuring)),
+    )
 
-    The all-reduced gradient (a sum) is finite exactly when every replica's
-    gradient is, so skipping on the reduced `finite` is skipping on the
-    all-reduced gradients; the same statistics give every replica the same
-    next scales.
-    """
+
+def several_replicas() -> bool:
+    """True inside a replica context with more than one replica in sync."""
     context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return statistics, finite
+    return context is not None and context.num_replicas_in_sync > 1
+
+
+def agree_across_replicas(statistics: policies.Statistics) -> policies.Statistics:
+    """Takes the largest statistics over all replicas, so all choose alike."""
+    if not several_replicas():
+        return statistics
+    context = tf.distribute.get_replica_context()
     packed = tf.stack(
         [
             statistics.amax,
             statistics.mean_square,
             tf.cast(statistics.overflow, tf.float32),
             tf.cast(tf.logical_not(statistics.silent), tf.float32),
-            tf.fill(tf.shape(statistics.amax), tf.cast(tf.logical_not(finite), tf.float32)),
         ]
     )
     packed = tf.reduce_max(context.all_gather(packed[None], axis=0), axis=0)
-    agreed = statistics._replace(
+    return statistics._replace(
         amax=packed[0], mean_square=packed[1], overflow=packed[2] > 0, silent=packed[3] == 0
     )
-    return agreed, packed[4][0] == 0
+
+
+def finite_on_every_replica(finite: tf.Tensor) -> tf.Tensor:
+    """True if `finite` holds on every replica, so all skip or apply alike.
+
+    The all-reduced gradient (a sum) is finite exactly when every replica's
+    gradient is, so skipping on this flag is skipping on the all-reduced
+    gradients.
+    """
+    if not several_replicas():
+        return finite
+    flags = tf.distribute.get_replica_context().all_gather(
+        tf.reshape(tf.cast(finite, tf.float32), [1]), axis=0
+    )
+    return tf.reduce_min(flags) > 0

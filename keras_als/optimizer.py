@@ -50,6 +50,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         policy: A `keras_als.policies` policy or its name: `"max_safe"`
             (default), `"approx_range"` (the paper's rule) or `"fixed"`.
         initial_scale: Scale of every component on the first step; a power of two.
+        measure_every_n_steps: How often the boundaries measure the gradients
+            and the policy chooses new scales: every n steps, and always on the
+            step after a skipped step or while a scale is still moving by
+            16x or more per measurement (the paper's `update_per_n_iteration`).
+            Between, the scales stay and the boundaries skip their one
+            reduction per layer, the main cost of keras_als. Whether a step is
+            finite is checked on every step.
         name: Optional name.
 
     Example:
@@ -71,6 +78,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         *,
         policy: str | policies.Policy = "max_safe",
         initial_scale: float = 2.0**15,
+        measure_every_n_steps: int = 16,
         name: str | None = None,
         **kwargs,
     ):
@@ -94,8 +102,18 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 "initial_scale must be a power of two between 2**-24 and 2**64, "
                 f"e.g. 2.0**15; got {initial_scale!r}."
             )
+        if (
+            isinstance(measure_every_n_steps, bool)
+            or not isinstance(measure_every_n_steps, int)
+            or measure_every_n_steps < 1
+        ):
+            raise ValueError(
+                "measure_every_n_steps must be a whole number >= 1 (1 measures every step); "
+                f"got {measure_every_n_steps!r}."
+            )
         super().__init__(inner_optimizer, initial_scale=float(initial_scale), name=name, **kwargs)
         self.policy = resolved
+        self.measure_every_n_steps = measure_every_n_steps
         self.estimate_underflow = 0  # every how many steps to measure zeros; 0: never
         self._warned_eager = False
 
@@ -125,7 +143,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         slots = len(self._scale_names) + 1  # the loss's, then each layer's
         self.overflow_counts = state("overflow_counts", "int", 0, shape=(slots,))
         self.underflow_rates = state("underflow_rates", "float32", 0.0, shape=(slots,))
-        # LossScaleOptimizer's own state, with the aggregation above.
+        # LossScaleOptimizer's own state, with the aggregation above. Here
+        # `step_counter` counts finite steps since the boundaries last measured.
         self.step_counter = state("step_counter", "int", 0)
         self.dynamic_scale = state("dynamic_scale")
         self.inner_optimizer.build(var_list)
@@ -176,6 +195,18 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self._warn_eager()
             return super().scale_loss(loss)
         plan = _plan.make_plan(loss, self)
+        if plan.built:
+            counting_zeros = (
+                tf.equal(self.iterations % self.estimate_underflow, 0)
+                if self.estimate_underflow
+                else None
+            )
+            measuring = None
+            if self.measure_every_n_steps > 1:
+                measuring = tf.equal(self.step_counter % self.measure_every_n_steps, 0)
+                if counting_zeros is not None:
+                    measuring = tf.logical_or(measuring, counting_zeros)
+            plan.measure_when(measuring, counting_zeros)
         _plan.remember(self, plan)
         return tf.cast(loss, tf.float32) * plan.scales[plan.loss_component]
 
@@ -281,17 +312,40 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             if all_weight_amax
             else tf.constant(True)
         )
-        statistics = _statistics.measure(plan, weight_amax, weight_grads)
-        statistics, finite = _statistics.agree_across_replicas(statistics, finite)
+        finite = _statistics.finite_on_every_replica(finite)
         self._apply_if_finite(finite, unscaled, variables)
         _forward_state.restore_unless(finite)
         self.skipped_steps.assign_add(tf.cast(tf.logical_not(finite), self.skipped_steps.dtype))
-        if plan.built:
+        if not plan.built:
+            return
+
+        def measured():
+            statistics = _statistics.measure(plan, weight_amax, weight_grads)
+            return _statistics.agree_across_replicas(statistics)
+
+        def update_scales(statistics):
             new = policies.next_scale(self.policy, statistics, plan.scales)
             for i, component in enumerate(plan.components):
                 for variable in [component.variable, *component.aliases]:
                     variable.assign(new[i])
             self._record_telemetry(plan, statistics, weight_grads)
+            return _moved_far(plan.scales, new)
+
+        if plan.measuring is None:
+            update_scales(measured())
+            return
+        if _statistics.several_replicas():
+            # Replicas can neither gather nor assign inside a cond: mask instead.
+            unsettled = update_scales(_statistics.unless_measuring(measured(), plan.measuring))
+        else:  # steps that do not measure keep every scale, at the cost of one branch
+            unsettled = tf.cond(
+                plan.measuring, lambda: update_scales(measured()), lambda: tf.constant(False)
+            )
+        # Measure again on the next step after a skipped step or while scales
+        # move far (they are still settling); else in n steps.
+        counted = (self.step_counter + 1) % self.measure_every_n_steps
+        again = tf.logical_or(tf.logical_not(finite), unsettled)
+        self.step_counter.assign(tf.where(again, tf.zeros_like(counted), counted))
 
     def _record_telemetry(self, plan, statistics, weight_grads):
         """Counts overflows per slot; with `estimate_underflow`, measures zeros."""
@@ -315,8 +369,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 rates = tf.gather(_statistics.zero_shares(plan, weight_grads), components)
                 return tf.where(tf.gather(statistics.silent, components), current, rates)
 
-            due = tf.equal(self.iterations % self.estimate_underflow, 0)
-            rates = tf.cond(due, measure, lambda: current)
+            rates = tf.cond(plan.counting_zeros, measure, lambda: current)
             self.underflow_rates.assign(
                 tf.tensor_scatter_nd_update(self.underflow_rates.value, slots, rates)
             )
@@ -391,6 +444,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def get_config(self):
         config = super().get_config()
         config.pop("dynamic_growth_steps", None)
+        config["measure_every_n_steps"] = self.measure_every_n_steps
         config["policy"] = keras.saving.serialize_keras_object(self.policy)
         return config
 
@@ -404,6 +458,16 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if isinstance(policy, dict):
             policy = keras.saving.deserialize_keras_object(policy, custom_objects=custom_objects)
         return cls(inner, policy=policy, **config)
+
+
+SETTLING = 2.0**4
+"""A scale that moved by this factor or more is still settling: measure again."""
+
+
+def _moved_far(old: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
+    """True if some scale changed by a factor of `SETTLING` or more."""
+    ratio = new / old
+    return tf.reduce_any(tf.logical_or(ratio >= SETTLING, ratio <= 1.0 / SETTLING))
 
 
 def _divide(gradient, scale):

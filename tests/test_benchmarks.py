@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from benchmarks import report
 from benchmarks.convergence import Run
 from benchmarks.cost import Timing, growth_exponent
@@ -54,6 +56,42 @@ def test_accuracy_target_uses_the_mean_over_seeds():
     assert "-0.70 points vs float32" in target.line() and "vs Keras LSO" in target.line()
     mean, spread, seeds = report.accuracy_summary(runs)[("digits", "float32")]
     assert (round(mean, 6), round(spread, 6), seeds) == (96.0, 1.0, 3)
+
+
+def _paired_runs(differences):
+    """Runs of float32, Keras LSO and keras_als whose keras_als - LSO gaps are given."""
+    runs = []
+    for seed, difference in enumerate(differences):
+        base = 0.93 + 0.002 * seed
+        runs += [
+            _run("mnist", "float32", seed, base),
+            _run("mnist", "keras_lso", seed, base),
+            _run("mnist", "als_max_safe", seed, base + difference),
+        ]
+    return runs
+
+
+def test_a_shortfall_within_two_standard_errors_over_five_seeds_is_a_tie():
+    # Paired differences -0.3, +0.2, -0.2, +0.1, 0.0 points: mean -0.04, s.e. 0.09.
+    tie = report.target_accuracy(_paired_runs([-0.003, 0.002, -0.002, 0.001, 0.0]))
+    assert tie.passed, tie.line()
+    assert "tied with Keras LSO within seed noise (paired -0.04 ± 0.09 s.e. over 5 seeds)" in (
+        tie.line()
+    )
+    mean, error, seeds = report.paired_difference(
+        _paired_runs([-0.003, 0.002, -0.002, 0.001, 0.0]), "mnist", "als_max_safe"
+    )
+    # Deviations from the mean: -0.26, 0.24, -0.16, 0.14, 0.04; their squares sum to 0.172.
+    assert (mean, error, seeds) == (pytest.approx(-0.04), pytest.approx((0.172 / 4 / 5) ** 0.5), 5)
+
+
+def test_a_consistent_shortfall_or_too_few_seeds_is_below_keras_lso():
+    # -0.2 points on every seed: the standard error is 0, so it is not noise.
+    below = report.target_accuracy(_paired_runs([-0.002] * 5))
+    assert not below.passed
+    assert "-0.20 points vs Keras LSO (paired -0.20 ± 0.00 s.e. over 5 seeds)" in below.line()
+    few = report.target_accuracy(_paired_runs([-0.003, 0.002, -0.002, 0.001]))
+    assert not few.passed  # 4 seeds are too few to call a shortfall a tie
 
 
 def test_skipped_steps_are_counted_per_1000_after_the_first_100():

@@ -1,0 +1,154 @@
+"""`measure_every_n_steps`: when the boundaries measure and the scales change.
+
+The scales may change only on a measuring step: every n finite steps, on the
+step after a skipped one, and on the step after a measurement that moved a
+scale by `SETTLING` or more. Steps in between keep every scale.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_als
+from keras_als import optimizer as optimizer_module
+
+
+@pytest.fixture(autouse=True)
+def mixed():
+    keras.config.set_dtype_policy("mixed_float16")
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def _setup(measure_every_n_steps, activation="tanh", depth=2, initial_scale=2.0**15):
+    """A wrapped MLP at learning rate 0, its optimizer, and a step whose loss is
+    multiplied by `factor` (so its gradients grow exactly by `factor`)."""
+    keras.utils.set_random_seed(0)
+    layers = [keras.layers.Dense(16, activation=activation) for _ in range(depth)]
+    model = keras_als.wrap_model(
+        keras.Sequential([keras.Input((8,)), *layers, keras.layers.Dense(1, dtype="float32")])
+    )
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(
+        keras.optimizers.SGD(0.0),
+        measure_every_n_steps=measure_every_n_steps,
+        initial_scale=initial_scale,
+    )
+    factor = tf.Variable(1.0)
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(32, 8)).astype("float32"))
+    y = tf.constant(rng.normal(size=(32, 1)).astype("float32"))
+
+    @tf.function(jit_compile=True)
+    def step():
+        with tf.GradientTape() as tape:
+            loss = factor * tf.reduce_mean(tf.square(model(x, training=True) - y))
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+
+    return optimizer, factor, step
+
+
+def test_scales_change_only_on_every_nth_step_once_settled():
+    n = 4
+    optimizer, factor, step = _setup(n)
+    for _ in range(3 * n):  # settle at learning rate 0
+        step()
+    settled = optimizer.layer_scales()
+    counter = int(optimizer.step_counter.numpy())
+    factor.assign(2.0**5)  # gradients 32x larger: every max-safe scale falls by ~32x
+    unchanged_steps = 0
+    while optimizer.layer_scales() == settled:
+        step()
+        unchanged_steps += 1
+        assert unchanged_steps <= n
+    # The step that changed the scales was the first with the counter at 0.
+    assert unchanged_steps == (n - counter) % n + 1
+    new = optimizer.layer_scales()
+    assert all(new[k] < settled[k] for k in settled), (settled, new)
+    assert int(optimizer.skipped_steps.numpy()) == 0
+
+
+def test_measuring_every_step_changes_the_scales_on_the_next_step():
+    optimizer, factor, step = _setup(1)
+    for _ in range(4):
+        step()
+    settled = optimizer.layer_scales()
+    factor.assign(2.0**5)
+    step()
+    assert all(optimizer.layer_scales()[k] < settled[k] for k in settled)
+
+
+def _skipped_until_recovered(optimizer, step):
+    """Steps skipped until the first finite step (at most 16)."""
+    for _ in range(16):
+        before = int(optimizer.skipped_steps.numpy())
+        step()
+        if int(optimizer.skipped_steps.numpy()) == before:
+            return int(optimizer.skipped_steps.numpy())
+    pytest.fail(f"still skipping after 16 steps; scales {optimizer.layer_scales()}")
+
+
+def test_an_overflow_between_measurements_costs_one_more_skipped_step_than_measuring_always():
+    skipped = {}
+    for n in (1, 16):
+        optimizer, factor, step = _setup(n)
+        for _ in range(n + 3):
+            step()
+        settled = optimizer.layer_scales()
+        if n > 1:
+            assert int(optimizer.step_counter.numpy()) != 0  # the next step does not measure
+        factor.assign(2.0**14)  # far beyond the margin: the scaled gradients overflow
+        if n > 1:
+            step()
+            assert int(optimizer.skipped_steps.numpy()) == 1
+            assert optimizer.layer_scales() == settled  # nothing measured: nothing changed
+            assert int(optimizer.step_counter.numpy()) == 0  # so the next step measures
+        skipped[n] = _skipped_until_recovered(optimizer, step)
+        assert optimizer.layer_scales()["loss"] < settled["loss"]
+    assert skipped[16] == skipped[1] + 1, skipped
+
+
+def test_settling_scales_are_measured_on_every_step_until_they_settle():
+    # Gradients of ~2**-30 at scale 1 underflow to zero in float16 below the
+    # float32 head: the first measurement fixes the loss's scale only, and the
+    # layers' scales can be chosen only when the next step measures them.
+    scales = {}
+    for n in (1, 16):
+        optimizer, factor, step = _setup(n, initial_scale=1.0)
+        factor.assign(2.0**-30)
+        for _ in range(4):
+            step()
+        scales[n] = list(optimizer.layer_scales().values())  # loss, then layers in order
+    assert scales[16] == scales[1]
+    assert min(scales[1]) >= 2.0**25, scales[1]
+
+
+def test_the_period_survives_get_config():
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(
+        keras.optimizers.SGD(), measure_every_n_steps=7
+    )
+    restored = keras_als.AdaptiveLossScaleOptimizer.from_config(optimizer.get_config())
+    assert restored.measure_every_n_steps == 7
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.0, True, "16"])
+def test_an_invalid_period_names_the_argument(value):
+    with pytest.raises(ValueError, match="measure_every_n_steps"):
+        keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(), measure_every_n_steps=value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "moved"),
+    [
+        ([2.0**10, 2.0**3], [2.0**10, 2.0**3], False),
+        ([2.0**10, 2.0**3], [2.0**13, 2.0**2], False),
+        ([2.0**10, 2.0**3], [2.0**14, 2.0**3], True),
+        ([2.0**10, 2.0**3], [2.0**10, 2.0**-1], True),
+    ],
+)
+def test_settling_means_a_scale_moved_by_sixteen_or_more(old, new, moved):
+    assert optimizer_module.SETTLING == 16.0
+    result = optimizer_module._moved_far(tf.constant(old), tf.constant(new))
+    assert bool(result.numpy()) is moved
