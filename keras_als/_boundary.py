@@ -34,9 +34,9 @@ class Boundary:
             output side (inf if a value was not finite); set during backprop.
         gradient_mean_square: Mean squared gradient that arrived (float32).
         gradient_zeros: (exact zeros, values) in the gradient that arrived.
-        measure_when: Scalar bool tensor, set by the plan: measure amax and mean
-            square only when it is true (else both read 0). None: always.
-        count_zeros_when: The same for `gradient_zeros`.
+        measure_when: Scalar bool tensor, set by the plan: measure only when it
+            is true (else every statistic reads 0). None: always.
+        count_zeros: Whether to measure `gradient_zeros` too (for telemetry).
     """
 
     def __init__(self, owner, inputs):
@@ -48,7 +48,7 @@ class Boundary:
         self.gradient_mean_square: tf.Tensor | None = None
         self.gradient_zeros: tuple[tf.Tensor, tf.Tensor] | None = None
         self.measure_when: tf.Tensor | None = None
-        self.count_zeros_when: tf.Tensor | None = None
+        self.count_zeros = False
 
     def backward(self, *gradients):
         present = [g for g in gradients if g is not None]
@@ -56,24 +56,26 @@ class Boundary:
 
             def measure():
                 largest = tf.reduce_max(tf.stack([amax(g) for g in present]))
-                return largest, tf.add_n([mean_square(g) for g in present]) / len(present)
-
-            def count():
+                square = tf.add_n([mean_square(g) for g in present]) / len(present)
+                if not self.count_zeros:
+                    return largest, square
                 counts = [zeros(g) for g in present]
-                return tf.add_n([c[0] for c in counts]), tf.add_n([c[1] for c in counts])
+                found = tf.add_n([c[0] for c in counts]), tf.add_n([c[1] for c in counts])
+                return largest, square, *found
 
-            self.gradient_amax, self.gradient_mean_square = _when(self.measure_when, measure)
-            self.gradient_zeros = _when(self.count_zeros_when, count)
+            measured = _when(self.measure_when, measure, 4 if self.count_zeros else 2)
+            self.gradient_amax, self.gradient_mean_square = measured[:2]
+            self.gradient_zeros = tuple(measured[2:]) or None
         if self.ratio is None:
             return list(gradients)
         return [None if g is None else multiply(g, self.ratio) for g in gradients]
 
 
-def _when(condition: tf.Tensor | None, compute):
-    """`compute()` (a pair of float32 scalars) where `condition` holds, else zeros."""
+def _when(condition: tf.Tensor | None, compute, size: int):
+    """`compute()`, `size` float32 scalars, where `condition` holds, else zeros."""
     if condition is None:
         return compute()
-    return tf.cond(condition, compute, lambda: (tf.constant(0.0), tf.constant(0.0)))
+    return tf.cond(condition, compute, lambda: (tf.constant(0.0),) * size)
 
 
 def amax(tensor: tf.Tensor) -> tf.Tensor:

@@ -56,15 +56,14 @@ class Plan:
     loss_component: int
     built: bool  # scale variables existed when the plan was made
     measuring: tf.Tensor | None = None  # bool: boundaries measure this step; None: always
-    counting_zeros: tf.Tensor | None = None  # bool: boundaries count zeros; None: always
 
-    def measure_when(self, measuring, counting_zeros) -> None:
-        """Makes every boundary measure only when `measuring`, count zeros only when
-        `counting_zeros` (scalar bool tensors; None: every step)."""
-        self.measuring, self.counting_zeros = measuring, counting_zeros
+    def measure_when(self, measuring, count_zeros: bool) -> None:
+        """Makes every boundary measure only when `measuring` (a scalar bool
+        tensor; None: every step), counting zeros too if `count_zeros`."""
+        self.measuring = measuring
         for c in self.components:
             for b in c.inside:
-                b.measure_when, b.count_zeros_when = measuring, counting_zeros
+                b.measure_when, b.count_zeros = measuring, count_zeros
 
     def scale_of(self, variable) -> tf.Tensor:
         return self.scales[self.index_of(variable)]

@@ -14,7 +14,7 @@ class ScaleMonitor(keras.callbacks.Callback):
 
     Every batch it adds `scale_min`, `scale_max` and `skipped_steps` to the
     logs, so the progress bar shows them (read every `every_n_steps` batches,
-    so that the monitor costs no time). Every `every_n_steps` batches it
+    so that reading costs little). Every `every_n_steps` batches it
     records, per wrapped layer and for the loss, the scale, the estimated
     underflow rate and the count of overflows that started there, in
     `self.history` (keys `"step"`, `"scale/<layer>"`, `"underflow/<layer>"`,
@@ -24,8 +24,9 @@ class ScaleMonitor(keras.callbacks.Callback):
 
     It reads values the optimizer already keeps (a few scalars per layer), and
     turns on the optimizer's underflow estimate: the share of exactly-zero
-    gradient values per layer, counted in the training step every
-    `every_n_steps` steps.
+    gradient values per layer, counted in the training step whenever it
+    measures the scales (every `measure_every_n_steps` steps of the optimizer),
+    so the recorded underflow is the latest such count.
 
     Args:
         log_dir: Folder for TensorBoard event files, or None.
@@ -68,8 +69,8 @@ class ScaleMonitor(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         optimizer = self._optimizer
-        if optimizer.estimate_underflow != self.every_n_steps:
-            optimizer.estimate_underflow = self.every_n_steps
+        if not optimizer.estimate_underflow:
+            optimizer.estimate_underflow = True
             if getattr(self.model, "train_function", None) is not None:
                 self.model.make_train_function(force=True)  # trace again, with the estimate
         if self.log_dir is not None and self._writer is None:

@@ -114,7 +114,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         super().__init__(inner_optimizer, initial_scale=float(initial_scale), name=name, **kwargs)
         self.policy = resolved
         self.measure_every_n_steps = measure_every_n_steps
-        self.estimate_underflow = 0  # every how many steps to measure zeros; 0: never
+        self.estimate_underflow = False  # count zeros when measuring (ScaleMonitor sets it)
         self._warned_eager = False
 
     @tracking.no_automatic_dependency_tracking
@@ -196,17 +196,10 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             return super().scale_loss(loss)
         plan = _plan.make_plan(loss, self)
         if plan.built:
-            counting_zeros = (
-                tf.equal(self.iterations % self.estimate_underflow, 0)
-                if self.estimate_underflow
-                else None
-            )
             measuring = None
             if self.measure_every_n_steps > 1:
                 measuring = tf.equal(self.step_counter % self.measure_every_n_steps, 0)
-                if counting_zeros is not None:
-                    measuring = tf.logical_or(measuring, counting_zeros)
-            plan.measure_when(measuring, counting_zeros)
+            plan.measure_when(measuring, count_zeros=bool(self.estimate_underflow))
         _plan.remember(self, plan)
         return tf.cast(loss, tf.float32) * plan.scales[plan.loss_component]
 
@@ -348,7 +341,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.step_counter.assign(tf.where(again, tf.zeros_like(counted), counted))
 
     def _record_telemetry(self, plan, statistics, weight_grads):
-        """Counts overflows per slot; with `estimate_underflow`, measures zeros."""
+        """Counts overflows per slot; with `estimate_underflow`, the zero shares."""
         slot_of = {id(v): i for i, v in enumerate(self._slot_variables())}
         slots, components = [], []
         for i, component in enumerate(plan.components):
@@ -363,13 +356,10 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             tf.scatter_nd(slots, overflowed, self.overflow_counts.shape)
         )
         if self.estimate_underflow:
+            # Runs on measuring steps only; where nothing was measured, keep the rate.
             current = tf.gather(self.underflow_rates.value, [s[0] for s in slots])
-
-            def measure():
-                rates = tf.gather(_statistics.zero_shares(plan, weight_grads), components)
-                return tf.where(tf.gather(statistics.silent, components), current, rates)
-
-            rates = tf.cond(plan.counting_zeros, measure, lambda: current)
+            rates = tf.gather(_statistics.zero_shares(plan, weight_grads), components)
+            rates = tf.where(tf.gather(statistics.silent, components), current, rates)
             self.underflow_rates.assign(
                 tf.tensor_scatter_nd_update(self.underflow_rates.value, slots, rates)
             )
@@ -387,9 +377,10 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             values in the gradients of the layer's component (inputs and
             weights): underflow shows as zeros, so it bounds the underflow
             rate from above (true zeros, as of dead ReLU units, count too);
-            measured every `estimate_underflow` steps (0, the default, never;
-            `ScaleMonitor` sets it to its own period). `overflows` counts the
-            steps whose overflow started in the layer's component.
+            measured on the steps that measure the scales (see
+            `measure_every_n_steps`) once `estimate_underflow` is true (False
+            by default; `ScaleMonitor` sets it). `overflows` counts the
+            measured steps whose overflow started in the layer's component.
 
         Example:
 
