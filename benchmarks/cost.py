@@ -7,6 +7,10 @@ in one process, so that load from other processes on the machine hits both
 alike; the ratio is the median over block pairs of `time(keras_als) /
 time(Keras LSO)`. The same measurement on MLPs with 10, 50 and 200 wrapped
 layers shows how the overhead grows with the number of layers.
+
+    python -m benchmarks.cost --models transformer,residual_cnn --sweep 200 --blocks 16
+
+times chosen models (with the breakdown variants) and sweep sizes on their own.
 """
 
 from __future__ import annotations
@@ -240,3 +244,29 @@ def run_all(
             log(_line(timing))
             results.append(timing)
     return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Times chosen models and sweep sizes alone, without the whole suite."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Step time of keras_als over Keras LSO (XLA).")
+    parser.add_argument(
+        "--models",
+        default="",
+        help="comma-separated timing models, e.g. transformer,residual_cnn (default: none)",
+    )
+    parser.add_argument("--sweep", default="", help="comma-separated layer counts, e.g. 200")
+    parser.add_argument("--blocks", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20, help="steps per block")
+    args = parser.parse_args(argv)
+    models = tuple(m for m in args.models.split(",") if m)
+    if models:
+        run_all(args.blocks, args.steps, breakdown=True, models=models)
+    depths = tuple(int(d) for d in args.sweep.split(",") if d)
+    if depths:
+        layer_sweep(depths, args.blocks, args.steps)
+
+
+if __name__ == "__main__":
+    main()
