@@ -2,12 +2,11 @@
 
 `insert(owner, tensors)` places one boundary on the floating-point tensors a
 wrapped layer receives. Forward, it is an identity. Backward, its gradient
-function measures the gradient arriving from the layer (largest absolute value,
-mean square) and multiplies it by `ratio`, a power of two that the optimizer's
-plan sets before backprop starts. The measurement costs one reduction over the
-gradient; the plan can make it conditional (`measure_when`), so that steps
-which do not refresh the scales skip it. Every boundary made while tracing a graph is
-recorded, so that the plan can find the scale components of that graph.
+function keeps the gradient arriving from the layer (for the statistics, which
+the optimizer computes from it on the steps that measure) and multiplies it by
+`ratio`, a power of two that the optimizer's plan sets before backprop starts.
+Every boundary made while tracing a graph is recorded, so that the plan can
+find the scale components of that graph.
 
 Outside a traced function there is no graph to walk, so `insert` returns the
 tensors unchanged.
@@ -30,13 +29,9 @@ class Boundary:
         outputs: Tensors leaving it (the wrapped layer's side).
         ratio: Scalar float32 multiplier for the gradient, set by the plan; None
             leaves the gradient unchanged.
-        gradient_amax: Largest |gradient| that arrived, at the scale of the
-            output side (inf if a value was not finite); set during backprop.
-        gradient_mean_square: Mean squared gradient that arrived (float32).
-        gradient_zeros: (exact zeros, values) in the gradient that arrived.
-        measure_when: Scalar bool tensor, set by the plan: measure only when it
-            is true (else every statistic reads 0). None: always.
-        count_zeros: Whether to measure `gradient_zeros` too (for telemetry).
+        gradients: The gradients that arrived from the wrapped layer's side
+            during backprop (at the scale of that side), before the multiply;
+            empty until then, and where no gradient arrived.
     """
 
     def __init__(self, owner, inputs):
@@ -44,64 +39,13 @@ class Boundary:
         self.inputs = tuple(inputs)
         self.outputs: tuple = ()
         self.ratio: tf.Tensor | None = None
-        self.gradient_amax: tf.Tensor | None = None
-        self.gradient_mean_square: tf.Tensor | None = None
-        self.gradient_zeros: tuple[tf.Tensor, tf.Tensor] | None = None
-        self.measure_when: tf.Tensor | None = None
-        self.count_zeros = False
+        self.gradients: tuple[tf.Tensor, ...] = ()
 
     def backward(self, *gradients):
-        present = [g for g in gradients if g is not None]
-        if present:
-
-            def measure():
-                largest = tf.reduce_max(tf.stack([amax(g) for g in present]))
-                square = tf.add_n([mean_square(g) for g in present]) / len(present)
-                if not self.count_zeros:
-                    return largest, square
-                counts = [zeros(g) for g in present]
-                found = tf.add_n([c[0] for c in counts]), tf.add_n([c[1] for c in counts])
-                return largest, square, *found
-
-            measured = _when(self.measure_when, measure, 4 if self.count_zeros else 2)
-            self.gradient_amax, self.gradient_mean_square = measured[:2]
-            self.gradient_zeros = tuple(measured[2:]) or None
+        self.gradients = tuple(g for g in gradients if g is not None)
         if self.ratio is None:
             return list(gradients)
         return [None if g is None else multiply(g, self.ratio) for g in gradients]
-
-
-def _when(condition: tf.Tensor | None, compute, size: int):
-    """`compute()`, `size` float32 scalars, where `condition` holds, else zeros."""
-    if condition is None:
-        return compute()
-    return tf.cond(condition, compute, lambda: (tf.constant(0.0),) * size)
-
-
-def amax(tensor: tf.Tensor) -> tf.Tensor:
-    """Largest absolute value of `tensor` as float32; inf if any value is NaN."""
-    if isinstance(tensor, tf.IndexedSlices):
-        tensor = tensor.values
-    magnitude = tf.abs(tensor)
-    magnitude = tf.where(
-        tf.math.is_nan(magnitude), tf.cast(float("inf"), magnitude.dtype), magnitude
-    )
-    return tf.cast(tf.reduce_max(magnitude), tf.float32)
-
-
-def mean_square(tensor: tf.Tensor) -> tf.Tensor:
-    """Mean of the squared values of `tensor`, in float32."""
-    if isinstance(tensor, tf.IndexedSlices):
-        tensor = tensor.values
-    return tf.reduce_mean(tf.square(tf.cast(tensor, tf.float32)))
-
-
-def zeros(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """(number of exact zeros, number of values) in `tensor`, as float32."""
-    if isinstance(tensor, tf.IndexedSlices):
-        tensor = tensor.values
-    count = tf.reduce_sum(tf.cast(tf.equal(tensor, 0), tf.float32))
-    return count, tf.cast(tf.size(tensor), tf.float32)
 
 
 def multiply(gradient: tf.Tensor, ratio: tf.Tensor) -> tf.Tensor:

@@ -9,11 +9,12 @@ layer) join their components. Every gradient inside a component carries the
 component's scale, which makes sums of gradients (fan-out, residual adds,
 shared layers, several outputs) consistent by construction.
 
-Each component is held by one scale variable: the loss's own for the loss's
-component, else the variable of a wrapped layer whose weights lie in it, else
-(a component with no wrapped weights) that of a component its gradient comes
-from. A boundary from component `a` (input side) to `b` multiplies the
-gradient by `scale[a] / scale[b]`.
+Each component is held by one *slot* of the optimizer's scales (0 is the
+loss's, then one per wrapped layer): the loss's for the loss's component, else
+the slot of a wrapped layer whose weights lie in it, else (a component with no
+wrapped weights) that of a component its gradient comes from. A boundary from
+component `a` (input side) to `b` multiplies the gradient by
+`scale[a] / scale[b]`.
 """
 
 from __future__ import annotations
@@ -30,18 +31,22 @@ from keras_als import _boundary
 class Component:
     """One scale component of a traced graph."""
 
-    variable: object | None = None  # the scale variable holding its scale
+    slot: int | None = None  # the slot of the optimizer's scales holding its scale
     name: str = ""
-    aliases: list = dataclasses.field(default_factory=list)  # more scale variables kept equal
+    aliases: list[int] = dataclasses.field(default_factory=list)  # more slots kept equal
     inside: list = dataclasses.field(default_factory=list)  # boundaries whose output lies here
     feeding: list = dataclasses.field(default_factory=list)  # boundaries whose input lies here
 
-    def hold(self, variable, name: str) -> None:
-        """Takes `variable` as this component's scale, or keeps it equal as an alias."""
-        if self.variable is None:
-            self.variable, self.name = variable, name
-        elif all(variable is not x for x in [self.variable, *self.aliases]):
-            self.aliases.append(variable)
+    def hold(self, slot: int, name: str) -> None:
+        """Takes `slot` as this component's scale, or keeps it equal as an alias."""
+        if self.slot is None:
+            self.slot, self.name = slot, name
+        elif slot != self.slot and slot not in self.aliases:
+            self.aliases.append(slot)
+
+    def slots(self) -> list[int]:
+        """Every slot that holds this component's scale."""
+        return [self.slot, *self.aliases]
 
 
 @dataclasses.dataclass
@@ -51,25 +56,22 @@ class Plan:
     graph: object
     components: list[Component]
     scales: tf.Tensor  # float32, one per component, read when the plan was made
+    slot_scales: tf.Tensor  # float32, every slot of the optimizer's scales, read then too
     component_of: dict[int, int]  # id(variable handle) -> component index
     sides: dict[int, tuple[int, int]]  # id(boundary) -> (input side, output side)
     loss_component: int
     built: bool  # scale variables existed when the plan was made
-    measuring: tf.Tensor | None = None  # bool: boundaries measure this step; None: always
-
-    def measure_when(self, measuring, count_zeros: bool) -> None:
-        """Makes every boundary measure only when `measuring` (a scalar bool
-        tensor; None: every step), counting zeros too if `count_zeros`."""
-        self.measuring = measuring
-        for c in self.components:
-            for b in c.inside:
-                b.measure_when, b.count_zeros = measuring, count_zeros
+    measuring: tf.Tensor | None = None  # bool: this step measures; None: every step does
 
     def scale_of(self, variable) -> tf.Tensor:
         return self.scales[self.index_of(variable)]
 
     def index_of(self, variable) -> int:
         return self.component_of.get(id(variable.handle), self.loss_component)
+
+    def boundaries(self) -> list[_boundary.Boundary]:
+        """Every boundary the walk reached, each once."""
+        return [b for c in self.components for b in c.inside]
 
     def downstream(self) -> tuple[tuple[int, ...], ...]:
         """For each component, the other components whose gradient flows into it."""
@@ -171,73 +173,76 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
         if label is not None:
             component_of[id(external)] = component(label)
 
-    # Scale variables: the loss's, then each wrapped layer's where its weights lie.
-    components[loss_component].variable = optimizer.loss_scale_variable
-    components[loss_component].name = "loss"
+    # Slots: the loss's, then each wrapped layer's where its weights lie.
+    components[loss_component].hold(0, "loss")
     for b, _, _ in reached:
-        variable = optimizer.scale_variable_for(b.owner)
-        if variable is None:
+        slot = optimizer.scale_slot_for(b.owner)
+        if slot is None:
             continue
         placed = [
             component_of[id(w.handle)]
             for w in b.owner.trainable_weights
             if id(w.handle) in component_of
         ]
-        components[placed[0] if placed else sides[id(b)][1]].hold(variable, b.owner.layer.name)
+        components[placed[0] if placed else sides[id(b)][1]].hold(slot, b.owner.layer.name)
     # Wrapped layers with no boundary here (an Embedding of token ids) hold the
     # component their weights lie in, so that their reported scale is true.
     reached_owners = {id(b.owner) for b, _, _ in reached}
     for owner in optimizer.scale_owners():
-        variable = optimizer.scale_variable_for(owner)
+        slot = optimizer.scale_slot_for(owner)
         placed = [
             component_of[id(w.handle)]
             for w in owner.trainable_weights
             if id(w.handle) in component_of
         ]
-        if id(owner) in reached_owners or variable is None or not placed:
+        if id(owner) in reached_owners or slot is None or not placed:
             continue
-        components[placed[0]].hold(variable, owner.layer.name)
+        components[placed[0]].hold(slot, owner.layer.name)
     # Components with no wrapped weights take the scale their gradient arrives with.
     changed = True
     while changed:
         changed = False
         for c in components:
-            if c.variable is None:
+            if c.slot is None:
                 for b in c.feeding:
                     source = components[sides[id(b)][1]]
-                    if source.variable is not None:
-                        c.variable, c.name, changed = source.variable, source.name, True
+                    if source.slot is not None:
+                        c.slot, c.name, changed = source.slot, source.name, True
                         break
     for c in components:
-        if c.variable is None:
-            c.variable, c.name = components[loss_component].variable, "loss"
+        if c.slot is None:
+            c.slot, c.name = 0, "loss"
 
-    # Components held by one scale variable share its scale: merge them.
+    # Components held by one slot share its scale: merge them.
     merged: list[Component] = []
-    index_of_variable: dict[int, int] = {}
+    index_of_slot: dict[int, int] = {}
     final = []
     for c in components:
-        key = id(c.variable)
-        if key not in index_of_variable:
-            index_of_variable[key] = len(merged)
-            merged.append(Component(c.variable, c.name))
-        group = merged[index_of_variable[key]]
-        group.aliases += [a for a in c.aliases if all(a is not x for x in group.aliases)]
+        if c.slot not in index_of_slot:
+            index_of_slot[c.slot] = len(merged)
+            merged.append(Component(c.slot, c.name))
+        group = merged[index_of_slot[c.slot]]
+        group.aliases += [a for a in c.aliases if a not in group.aliases]
         group.inside += c.inside
         group.feeding += c.feeding
-        final.append(index_of_variable[key])
+        final.append(index_of_slot[c.slot])
     sides = {k: (final[a], final[o]) for k, (a, o) in sides.items()}
     component_of = {k: final[c] for k, c in component_of.items()}
 
-    built = optimizer.built
-    if built:
-        scales = tf.stack([tf.convert_to_tensor(c.variable) for c in merged])
-    else:
-        scales = tf.fill([len(merged)], tf.constant(float(optimizer.initial_scale)))
-    for b, _, _ in reached:
-        a, o = sides[id(b)]
-        b.ratio = scales[a] / scales[o] if a != o else None
-    return Plan(graph, merged, scales, component_of, sides, final[loss_component], built)
+    slot_scales = optimizer.slot_scales()
+    scales = tf.gather(slot_scales, [c.slot for c in merged])
+    # Every boundary's ratio from one vector op: one small kernel, not one per boundary.
+    crossing = [(b, *sides[id(b)]) for b, _, _ in reached if sides[id(b)][0] != sides[id(b)][1]]
+    if crossing:
+        ratios = tf.gather(scales, [a for _, a, _ in crossing]) / tf.gather(
+            scales, [o for _, _, o in crossing]
+        )
+        for k, (b, _, _) in enumerate(crossing):
+            b.ratio = ratios[k]
+    return Plan(
+        graph, merged, scales, slot_scales, component_of, sides, final[loss_component],
+        optimizer.built,
+    )
 
 
 _local = threading.local()

@@ -2,7 +2,9 @@
 
 `measure` turns the gradients a step computed into `policies.Statistics`:
 the largest value, mean square and overflow origin of each component, from
-the weight gradients and from what the boundaries saw during backprop.
+the weight gradients and from the gradients that crossed the boundaries.
+All of it is computed where the optimizer applies the step, inside the one
+branch that runs on the steps that measure.
 `agree_across_replicas` and `finite_on_every_replica` make every replica
 decide alike; `zero_shares` measures underflow for the telemetry.
 """
@@ -11,51 +13,57 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from keras_als import _boundary, policies
+from keras_als import policies
 
 
 def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     """The statistics of each component of `plan`, in true (unscaled) units.
 
     From the weight gradients (their largest values, `weight_amax`) and from
-    what the boundaries measured during backprop. Statistics no policy reads
-    are pruned from the traced graph, so they cost nothing.
+    the gradients that crossed the boundaries during backprop. Statistics no
+    policy reads are pruned from the traced graph, so they cost nothing.
     """
-    amax, mean_square, overflow, silent = [], [], [], []
+    crossed = {id(b): arrived for b in plan.boundaries() if (arrived := _arrived(b, plan))}
+    crossed_amax = {k: tf.reduce_max(tf.stack([amax(g) for g in v])) for k, v in crossed.items()}
+    amaxes, mean_squares, overflow, silent = [], [], [], []
     for i, component in enumerate(plan.components):
         scale = plan.scales[i]
         seen = list(weight_amax[i])
         incoming_finite, incoming_amax = [], []
         for b in component.inside:
-            if b.gradient_amax is not None:
-                seen.append(b.gradient_amax)
+            if id(b) in crossed_amax:
+                seen.append(crossed_amax[id(b)])
         for b in component.feeding:
-            if b.gradient_amax is not None and b.ratio is not None:
-                post = b.gradient_amax * b.ratio
+            other = plan.sides[id(b)][1]
+            if id(b) in crossed_amax and other != i:
+                arrived = crossed_amax[id(b)]
+                post = arrived * (scale / plan.scales[other])  # at this component's scale
                 limit = b.inputs[0].dtype.max
                 seen.append(tf.where(post > limit, float("inf"), post))
-                incoming_finite.append(tf.math.is_finite(b.gradient_amax))
-                incoming_amax.append(b.gradient_amax)
+                incoming_finite.append(tf.math.is_finite(arrived))
+                incoming_amax.append(arrived)
         component_amax = tf.reduce_max(tf.stack(seen)) / scale if seen else tf.constant(0.0)
         squares = [
-            b.gradient_mean_square for b in component.inside if b.gradient_mean_square is not None
-        ] or [_boundary.mean_square(g) for g in weight_grads[i]]
+            tf.add_n([mean_square(g) for g in crossed[id(b)]]) / len(crossed[id(b)])
+            for b in component.inside
+            if id(b) in crossed
+        ] or [mean_square(g) for g in weight_grads[i]]
         component_square = (
             tf.add_n(squares) / len(squares) / (scale * scale) if squares else tf.constant(0.0)
         )
         came_in_finite = (
             tf.reduce_all(tf.stack(incoming_finite)) if incoming_finite else tf.constant(True)
         )
-        amax.append(component_amax)
-        mean_square.append(component_square)
+        amaxes.append(component_amax)
+        mean_squares.append(component_square)
         started_here = tf.logical_not(tf.math.is_finite(component_amax))
         overflow.append(tf.logical_and(started_here, came_in_finite))
         silent.append(
             tf.reduce_max(tf.stack(incoming_amax)) == 0 if incoming_amax else tf.constant(False)
         )
     return policies.Statistics(
-        amax=tf.stack(amax),
-        mean_square=tf.stack(mean_square),
+        amax=tf.stack(amaxes),
+        mean_square=tf.stack(mean_squares),
         overflow=tf.stack(overflow),
         silent=tf.stack(silent),
         downstream=plan.downstream(),
@@ -72,8 +80,10 @@ def zero_shares(plan, weight_grads) -> tf.Tensor:
     """
     shares = []
     for i, component in enumerate(plan.components):
-        counts = [_boundary.zeros(g) for g in weight_grads[i]]
-        counts += [b.gradient_zeros for b in component.inside if b.gradient_zeros is not None]
+        tensors = list(weight_grads[i])
+        for b in component.inside:
+            tensors += _arrived(b, plan)
+        counts = [zeros(g) for g in tensors]
         if counts:
             shares.append(tf.add_n([c[0] for c in counts]) / tf.add_n([c[1] for c in counts]))
         else:
@@ -81,12 +91,59 @@ def zero_shares(plan, weight_grads) -> tf.Tensor:
     return tf.stack(shares)
 
 
-def unless_measuring(statistics: policies.Statistics, measuring) -> policies.Statistics:
-    """`statistics` where `measuring` is true, else statistics that keep every scale."""
-    return statistics._replace(
-        overflow=tf.logical_and(statistics.overflow, measuring),
-        silent=tf.logical_or(statistics.silent, tf.logical_not(measuring)),
+def _arrived(boundary, plan) -> list[tf.Tensor]:
+    """The gradients that crossed `boundary` in the graph of `plan`.
+
+    A boundary inside a nested function (a `tf.while_loop` body) is not part
+    of the plan; its gradients, if any, live in that function and are skipped.
+    """
+    return [g for g in boundary.gradients if _values(g).graph is plan.graph]
+
+
+def _values(tensor):
+    return tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
+
+
+def amax(tensor: tf.Tensor) -> tf.Tensor:
+    """Largest absolute value of `tensor` as float32; inf if any value is NaN."""
+    magnitude = tf.abs(_values(tensor))
+    magnitude = tf.where(
+        tf.math.is_nan(magnitude), tf.cast(float("inf"), magnitude.dtype), magnitude
     )
+    return tf.cast(tf.reduce_max(magnitude), tf.float32)
+
+
+def mean_square(tensor: tf.Tensor) -> tf.Tensor:
+    """Mean of the squared values of `tensor`, in float32."""
+    return tf.reduce_mean(tf.square(tf.cast(_values(tensor), tf.float32)))
+
+
+def zeros(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(number of exact zeros, number of values) in `tensor`, as float32."""
+    tensor = _values(tensor)
+    count = tf.reduce_sum(tf.cast(tf.equal(tensor, 0), tf.float32))
+    return count, tf.cast(tf.size(tensor), tf.float32)
+
+
+def measure_when(measuring, plan, weight_amax, weight_grads) -> policies.Statistics:
+    """`measure(...)` where `measuring` holds, else statistics that keep every scale.
+
+    One branch computes every reduction; a step that does not measure reads
+    zeros, no overflow and every component silent. The branch returns tensors
+    only, so it may run in a replica context (no collective, no assignment).
+    """
+    size = len(plan.components)
+
+    def measured():
+        return tuple(measure(plan, weight_amax, weight_grads)[:4])
+
+    def kept():
+        zero = tf.zeros([size])
+        return zero, zero, tf.zeros([size], tf.bool), tf.ones([size], tf.bool)
+
+    amax_, mean_square_, overflow, silent = tf.cond(measuring, measured, kept)
+    names = tuple(c.name for c in plan.components)
+    return policies.Statistics(amax_, mean_square_, overflow, silent, plan.downstream(), names)
 
 
 def several_replicas() -> bool:

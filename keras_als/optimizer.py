@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 from keras.src.utils import tracking
 
-from keras_als import _boundary, _forward_state, _plan, _statistics, policies
+from keras_als import _forward_state, _plan, _statistics, policies
 
 _OWNER = "_keras_als_owner"
 
@@ -138,7 +138,9 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 name=name,
             )
 
-        self._layer_scale_variables = [state(f"scale_{name}") for name in self._scale_names]
+        # One vector for every layer's scale: one variable costs the compiled
+        # step less than one per layer.
+        self._layer_scales = state("layer_scales", shape=(len(owners),))
         self.skipped_steps = state("skipped_steps", "int", 0)
         slots = len(self._scale_names) + 1  # the loss's, then each layer's
         self.overflow_counts = state("overflow_counts", "int", 0, shape=(slots,))
@@ -150,23 +152,25 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
 
-    @property
-    def loss_scale_variable(self):
-        """The scale variable of the loss's component, or None before `build`."""
-        return self.dynamic_scale if self.built else None
-
     def scale_owners(self) -> list:
         """The wrapped layers that have a scale variable (empty before `build`)."""
         return list(self._scale_owners) if self.built else []
 
-    def scale_variable_for(self, wrapper):
-        """The scale variable of a wrapped layer, or None if it has none."""
+    def scale_slot_for(self, wrapper) -> int | None:
+        """The slot of a wrapped layer in `slot_scales()`, or None if it has none."""
         if not self.built:
             return None
-        for owner, variable in zip(self._scale_owners, self._layer_scale_variables):
+        for i, owner in enumerate(self._scale_owners):
             if owner is wrapper:
-                return variable
+                return 1 + i
         return None
+
+    def slot_scales(self) -> tf.Tensor:
+        """Every scale as one float32 vector: the loss's (slot 0), then each layer's."""
+        if not self.built:
+            return tf.constant([float(self.initial_scale)])
+        loss = tf.reshape(tf.convert_to_tensor(self.dynamic_scale), [1])
+        return tf.concat([loss, tf.convert_to_tensor(self._layer_scales)], axis=0)
 
     def layer_scales(self) -> dict[str, float]:
         """The current scales: `"loss"` and one per wrapped layer, by layer name.
@@ -179,10 +183,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """
         if not self.built:
             return {"loss": float(self.initial_scale)}
-        scales = {"loss": float(keras.ops.convert_to_numpy(self.dynamic_scale))}
-        for name, variable in zip(self._scale_names, self._layer_scale_variables):
-            scales[name] = float(keras.ops.convert_to_numpy(variable))
-        return scales
+        values = keras.ops.convert_to_numpy(self.slot_scales())
+        return {name: float(v) for name, v in zip(["loss", *self._scale_names], values)}
 
     @tf.autograph.experimental.do_not_convert
     def scale_loss(self, loss):
@@ -195,11 +197,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self._warn_eager()
             return super().scale_loss(loss)
         plan = _plan.make_plan(loss, self)
-        if plan.built:
-            measuring = None
-            if self.measure_every_n_steps > 1:
-                measuring = tf.equal(self.step_counter % self.measure_every_n_steps, 0)
-            plan.measure_when(measuring, count_zeros=bool(self.estimate_underflow))
+        if plan.built and self.measure_every_n_steps > 1:
+            plan.measuring = tf.equal(self.step_counter % self.measure_every_n_steps, 0)
         _plan.remember(self, plan)
         return tf.cast(loss, tf.float32) * plan.scales[plan.loss_component]
 
@@ -298,7 +297,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             i = plan.index_of(v)
             weight_grads[i].append(g)
             unscaled.append(_divide(g, plan.scales[i]))
-        weight_amax = [[_boundary.amax(g) for g in group] for group in weight_grads]
+        weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
         all_weight_amax = [a for group in weight_amax for a in group]
         finite = (
             tf.reduce_all(tf.math.is_finite(tf.stack(all_weight_amax)))
@@ -308,7 +307,6 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         finite = _statistics.finite_on_every_replica(finite)
         self._apply_if_finite(finite, unscaled, variables)
         _forward_state.restore_unless(finite)
-        self.skipped_steps.assign_add(tf.cast(tf.logical_not(finite), self.skipped_steps.dtype))
         if not plan.built:
             return
 
@@ -318,9 +316,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
         def update_scales(statistics):
             new = policies.next_scale(self.policy, statistics, plan.scales)
-            for i, component in enumerate(plan.components):
-                for variable in [component.variable, *component.aliases]:
-                    variable.assign(new[i])
+            self._assign_scales(plan, new)
             self._record_telemetry(plan, statistics, weight_grads)
             return _moved_far(plan.scales, new)
 
@@ -328,8 +324,10 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             update_scales(measured())
             return
         if _statistics.several_replicas():
-            # Replicas can neither gather nor assign inside a cond: mask instead.
-            unsettled = update_scales(_statistics.unless_measuring(measured(), plan.measuring))
+            # Replicas can neither gather nor assign inside a cond: only the
+            # reductions are conditional, the rest keeps every scale when not measuring.
+            statistics = _statistics.measure_when(plan.measuring, plan, weight_amax, weight_grads)
+            unsettled = update_scales(_statistics.agree_across_replicas(statistics))
         else:  # steps that do not measure keep every scale, at the cost of one branch
             unsettled = tf.cond(
                 plan.measuring, lambda: update_scales(measured()), lambda: tf.constant(False)
@@ -340,17 +338,16 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         again = tf.logical_or(tf.logical_not(finite), unsettled)
         self.step_counter.assign(tf.where(again, tf.zeros_like(counted), counted))
 
+    def _assign_scales(self, plan, new):
+        """Writes the new scale of every component into each of its slots."""
+        slots, components = _slots_of(plan)
+        updated = tf.tensor_scatter_nd_update(plan.slot_scales, slots, tf.gather(new, components))
+        self.dynamic_scale.assign(updated[0])
+        self._layer_scales.assign(updated[1:])
+
     def _record_telemetry(self, plan, statistics, weight_grads):
         """Counts overflows per slot; with `estimate_underflow`, the zero shares."""
-        slot_of = {id(v): i for i, v in enumerate(self._slot_variables())}
-        slots, components = [], []
-        for i, component in enumerate(plan.components):
-            for variable in [component.variable, *component.aliases]:
-                if id(variable) in slot_of:
-                    slots.append([slot_of[id(variable)]])
-                    components.append(i)
-        if not slots:
-            return
+        slots, components = _slots_of(plan)
         overflowed = tf.gather(tf.cast(statistics.overflow, self.overflow_counts.dtype), components)
         self.overflow_counts.assign_add(
             tf.scatter_nd(slots, overflowed, self.overflow_counts.shape)
@@ -363,9 +360,6 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self.underflow_rates.assign(
                 tf.tensor_scatter_nd_update(self.underflow_rates.value, slots, rates)
             )
-
-    def _slot_variables(self):
-        return [self.dynamic_scale, *self._layer_scale_variables]
 
     def telemetry(self) -> dict:
         """Per-layer numbers for monitoring, as plain Python values.
@@ -397,7 +391,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 "skipped_steps": 0,
             }
         names = ["loss", *self._scale_names]
-        scales = [float(keras.ops.convert_to_numpy(v)) for v in self._slot_variables()]
+        scales = keras.ops.convert_to_numpy(self.slot_scales())
         rates = keras.ops.convert_to_numpy(self.underflow_rates)
         counts = keras.ops.convert_to_numpy(self.overflow_counts)
         return {
@@ -408,13 +402,21 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         }
 
     def _apply_if_finite(self, finite, grads, variables):
-        """Applies `grads` with the inner optimizer if `finite`, else nothing at all."""
+        """Applies `grads` with the inner optimizer if `finite`, else counts a skipped step.
+
+        The skip branch is not empty on purpose: XLA then compiles the cond
+        into selects over the elementwise update, as for Keras's
+        LossScaleOptimizer, which runs faster on a CPU than a conditional.
+        """
 
         def apply_step():
             self.inner_optimizer.apply(grads, trainable_variables=variables)
 
+        def skip_step():
+            self.skipped_steps.assign_add(1)
+
         if tf.__internal__.distribute.strategy_supports_no_merge_call():
-            keras.ops.cond(finite, apply_step, lambda: None)
+            keras.ops.cond(finite, apply_step, skip_step)
             return
 
         # The inner optimizer all-reduces through merge_call, which a cond in
@@ -428,7 +430,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                     args=(grads,),
                 )
 
-            keras.ops.cond(finite, apply_everywhere, lambda: None)
+            keras.ops.cond(finite, apply_everywhere, skip_step)
 
         tf.distribute.get_replica_context().merge_call(decide, args=(finite, grads))
 
@@ -453,6 +455,12 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
 SETTLING = 2.0**4
 """A scale that moved by this factor or more is still settling: measure again."""
+
+
+def _slots_of(plan) -> tuple[list[list[int]], list[int]]:
+    """`([slot], component)` pairs: every slot of `plan`'s components, and whose it is."""
+    pairs = [([slot], i) for i, c in enumerate(plan.components) for slot in c.slots()]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def _moved_far(old: tf.Tensor, new: tf.Tensor) -> tf.Tensor:

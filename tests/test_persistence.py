@@ -52,8 +52,8 @@ def _trained(policy="max_safe"):
 
 def test_tf_checkpoint_restores_every_scale_and_the_skip_count(tmp_path):
     model, optimizer = _trained()
-    for i, variable in enumerate(optimizer._layer_scale_variables):
-        variable.assign(2.0 ** (3 + 5 * i))
+    layers = optimizer._layer_scales.shape[0]
+    optimizer._layer_scales.assign([2.0 ** (3 + 5 * i) for i in range(layers)])
     optimizer.dynamic_scale.assign(2.0**-7)
     optimizer.skipped_steps.assign(4)
     saved = optimizer.layer_scales()
@@ -68,8 +68,8 @@ def test_tf_checkpoint_restores_every_scale_and_the_skip_count(tmp_path):
 
 def test_keras_file_restores_scales_and_the_next_step_is_the_same(tmp_path):
     model, optimizer = _trained()
-    for i, variable in enumerate(optimizer._layer_scale_variables):
-        variable.assign(2.0 ** (2 + 3 * i))
+    layers = optimizer._layer_scales.shape[0]
+    optimizer._layer_scales.assign([2.0 ** (2 + 3 * i) for i in range(layers)])
     model.save(tmp_path / "m.keras")
     loaded = keras.models.load_model(tmp_path / "m.keras")
     assert loaded.optimizer.layer_scales() == optimizer.layer_scales()
