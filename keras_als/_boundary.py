@@ -2,9 +2,10 @@
 
 `insert(owner, tensors)` places one boundary on the floating-point tensors a
 wrapped layer receives. Forward, it is an identity. Backward, its gradient
-function keeps the gradient arriving from the layer (for the statistics, which
-the optimizer computes from it on the steps that measure) and multiplies it by
-`ratio`, a power of two that the optimizer's plan sets before backprop starts.
+function hands the gradient arriving from the layer to the plan's `crossings`
+(which reduce it for the statistics on the steps that measure) and multiplies
+it by `ratio`, a power of two that the optimizer's plan sets before backprop
+starts.
 Every boundary made while tracing a graph is recorded, so that the plan can
 find the scale components of that graph.
 
@@ -29,9 +30,9 @@ class Boundary:
         outputs: Tensors leaving it (the wrapped layer's side).
         ratio: Scalar float32 multiplier for the gradient, set by the plan; None
             leaves the gradient unchanged.
-        gradients: The gradients that arrived from the wrapped layer's side
-            during backprop (at the scale of that side), before the multiply;
-            empty until then, and where no gradient arrived.
+        crossings: The plan's `_crossings.Crossings`, which take the gradient
+            arriving from the wrapped layer's side (at the scale of that side),
+            before the multiply; None: nobody measures it.
     """
 
     def __init__(self, owner, inputs):
@@ -39,10 +40,11 @@ class Boundary:
         self.inputs = tuple(inputs)
         self.outputs: tuple = ()
         self.ratio: tf.Tensor | None = None
-        self.gradients: tuple[tf.Tensor, ...] = ()
+        self.crossings = None
 
     def backward(self, *gradients):
-        self.gradients = tuple(g for g in gradients if g is not None)
+        if self.crossings is not None:
+            self.crossings.arrived(self, [g for g in gradients if g is not None])
         if self.ratio is None:
             return list(gradients)
         return [None if g is None else multiply(g, self.ratio) for g in gradients]

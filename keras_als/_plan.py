@@ -24,7 +24,7 @@ import threading
 
 import tensorflow as tf
 
-from keras_als import _boundary
+from keras_als import _boundary, _crossings
 
 
 @dataclasses.dataclass
@@ -62,6 +62,16 @@ class Plan:
     loss_component: int
     built: bool  # scale variables existed when the plan was made
     measuring: tf.Tensor | None = None  # bool: this step measures; None: every step does
+    crossings: _crossings.Crossings | None = None  # reductions of the boundaries' gradients
+
+    def measure_when(self, measuring: tf.Tensor | None, count_zeros: bool) -> None:
+        """Makes the step measure where `measuring` holds (None: every step), the
+        boundaries handing their gradients to `crossings`; counts zeros too if
+        `count_zeros`."""
+        self.measuring = measuring
+        self.crossings = _crossings.Crossings(self.graph, measuring, count_zeros)
+        for b in self.boundaries():
+            b.crossings = self.crossings
 
     def scale_of(self, variable) -> tf.Tensor:
         return self.scales[self.index_of(variable)]

@@ -20,11 +20,12 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     """The statistics of each component of `plan`, in true (unscaled) units.
 
     From the weight gradients (their largest values, `weight_amax`) and from
-    the gradients that crossed the boundaries during backprop. Statistics no
-    policy reads are pruned from the traced graph, so they cost nothing.
+    the gradients that crossed the boundaries during backprop, as reduced by
+    `plan.crossings` (call its `finish` first). Statistics no policy reads are
+    pruned from the traced graph, so they cost nothing.
     """
-    crossed = {id(b): arrived for b in plan.boundaries() if (arrived := _arrived(b, plan))}
-    crossed_amax = {k: tf.reduce_max(tf.stack([amax(g) for g in v])) for k, v in crossed.items()}
+    crossed = plan.crossings.reduced
+    crossed_amax = {k: r.amax for k, r in crossed.items()}
     amaxes, mean_squares, overflow, silent = [], [], [], []
     for i, component in enumerate(plan.components):
         scale = plan.scales[i]
@@ -43,11 +44,9 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
                 incoming_finite.append(tf.math.is_finite(arrived))
                 incoming_amax.append(arrived)
         component_amax = tf.reduce_max(tf.stack(seen)) / scale if seen else tf.constant(0.0)
-        squares = [
-            tf.add_n([mean_square(g) for g in crossed[id(b)]]) / len(crossed[id(b)])
-            for b in component.inside
-            if id(b) in crossed
-        ] or [mean_square(g) for g in weight_grads[i]]
+        squares = [crossed[id(b)].mean_square for b in component.inside if id(b) in crossed] or [
+            mean_square(g) for g in weight_grads[i]
+        ]
         component_square = (
             tf.add_n(squares) / len(squares) / (scale * scale) if squares else tf.constant(0.0)
         )
@@ -79,25 +78,19 @@ def zero_shares(plan, weight_grads) -> tf.Tensor:
     above (true zeros, such as those of dead ReLU units, count too).
     """
     shares = []
+    crossed = plan.crossings.reduced
     for i, component in enumerate(plan.components):
-        tensors = list(weight_grads[i])
-        for b in component.inside:
-            tensors += _arrived(b, plan)
-        counts = [zeros(g) for g in tensors]
+        counts = [zeros(g) for g in weight_grads[i]]
+        counts += [
+            (crossed[id(b)].zeros, crossed[id(b)].size)
+            for b in component.inside
+            if id(b) in crossed and crossed[id(b)].zeros is not None
+        ]
         if counts:
             shares.append(tf.add_n([c[0] for c in counts]) / tf.add_n([c[1] for c in counts]))
         else:
             shares.append(tf.constant(0.0))
     return tf.stack(shares)
-
-
-def _arrived(boundary, plan) -> list[tf.Tensor]:
-    """The gradients that crossed `boundary` in the graph of `plan`.
-
-    A boundary inside a nested function (a `tf.while_loop` body) is not part
-    of the plan; its gradients, if any, live in that function and are skipped.
-    """
-    return [g for g in boundary.gradients if _values(g).graph is plan.graph]
 
 
 def _values(tensor):
@@ -125,7 +118,7 @@ def zeros(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return count, tf.cast(tf.size(tensor), tf.float32)
 
 
-def measure_when(measuring, plan, weight_amax, weight_grads) -> policies.Statistics:
+def measure_if(measuring, plan, weight_amax, weight_grads) -> policies.Statistics:
     """`measure(...)` where `measuring` holds, else statistics that keep every scale.
 
     One branch computes every reduction; a step that does not measure reads

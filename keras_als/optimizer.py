@@ -197,8 +197,11 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self._warn_eager()
             return super().scale_loss(loss)
         plan = _plan.make_plan(loss, self)
-        if plan.built and self.measure_every_n_steps > 1:
-            plan.measuring = tf.equal(self.step_counter % self.measure_every_n_steps, 0)
+        if plan.built:
+            measuring = None
+            if self.measure_every_n_steps > 1:
+                measuring = tf.equal(self.step_counter % self.measure_every_n_steps, 0)
+            plan.measure_when(measuring, count_zeros=bool(self.estimate_underflow))
         _plan.remember(self, plan)
         return tf.cast(loss, tf.float32) * plan.scales[plan.loss_component]
 
@@ -309,6 +312,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         _forward_state.restore_unless(finite)
         if not plan.built:
             return
+        plan.crossings.finish()  # the boundaries' gradients that still wait
 
         def measured():
             statistics = _statistics.measure(plan, weight_amax, weight_grads)
@@ -326,7 +330,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if _statistics.several_replicas():
             # Replicas can neither gather nor assign inside a cond: only the
             # reductions are conditional, the rest keeps every scale when not measuring.
-            statistics = _statistics.measure_when(plan.measuring, plan, weight_amax, weight_grads)
+            statistics = _statistics.measure_if(plan.measuring, plan, weight_amax, weight_grads)
             unsettled = update_scales(_statistics.agree_across_replicas(statistics))
         else:  # steps that do not measure keep every scale, at the cost of one branch
             unsettled = tf.cond(

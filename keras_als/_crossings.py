@@ -1,0 +1,98 @@
+"""Reductions of the gradients that cross the scale boundaries, in few branches.
+
+On the steps that measure, the statistics need each boundary's crossing
+gradient reduced to its largest absolute value and mean square (and, for the
+telemetry, its count of zeros). Those reductions run in conditional branches
+taken only on measuring steps. One branch per boundary costs the compiled step
+one conditional per wrapped layer; one branch for all, after backprop, keeps
+every crossing gradient alive until then. `Crossings` takes the middle way:
+gradients wait as they arrive, and the waiting ones are reduced together in
+one branch as soon as they hold `WAITING_BYTES` or more, which bounds the
+memory they keep alive; `finish` reduces the last ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import tensorflow as tf
+
+from keras_als._statistics import _values, amax, mean_square, zeros
+
+WAITING_BYTES = 64 * 1024
+"""Crossing gradients kept alive at most (plus the one that arrived last)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduced:
+    """One boundary's crossing gradient, reduced (float32 scalars; zeros read 0
+    on the steps that do not measure)."""
+
+    amax: tf.Tensor  # largest absolute value; inf if a value was not finite
+    mean_square: tf.Tensor
+    zeros: tf.Tensor | None = None  # exact zeros (None unless counted)
+    size: tf.Tensor | None = None  # values
+
+
+class Crossings:
+    """Collects the crossing gradients of one traced step and reduces them.
+
+    Args:
+        graph: The graph of the step; gradients from other (nested) graphs are
+            not part of its plan and are ignored.
+        measuring: Scalar bool tensor: reduce only when it is true (else every
+            reduction reads 0). None: every step.
+        count_zeros: Whether to count exact zeros too.
+    """
+
+    def __init__(self, graph, measuring: tf.Tensor | None, count_zeros: bool):
+        self.graph = graph
+        self.measuring = measuring
+        self.count_zeros = count_zeros
+        self.reduced: dict[int, Reduced] = {}  # id(boundary) -> its reduction
+        self._waiting: list[tuple[object, list[tf.Tensor]]] = []
+        self._waiting_bytes = 0
+
+    def arrived(self, boundary, gradients) -> None:
+        """Takes the gradients that crossed `boundary` (called during backprop)."""
+        gradients = [g for g in gradients if _values(g).graph is self.graph]
+        if not gradients:
+            return
+        self._waiting.append((boundary, gradients))
+        self._waiting_bytes += sum(_bytes(g) for g in gradients)
+        if self._waiting_bytes >= WAITING_BYTES:
+            self.finish()
+
+    def finish(self) -> None:
+        """Reduces every waiting gradient, in one branch."""
+        waiting, self._waiting, self._waiting_bytes = self._waiting, [], 0
+        if not waiting:
+            return
+        per_boundary = 4 if self.count_zeros else 2
+
+        def reduce():
+            values = []
+            for _, gradients in waiting:
+                values.append(tf.reduce_max(tf.stack([amax(g) for g in gradients])))
+                values.append(tf.add_n([mean_square(g) for g in gradients]) / len(gradients))
+                if self.count_zeros:
+                    counts = [zeros(g) for g in gradients]
+                    values.append(tf.add_n([c[0] for c in counts]))
+                    values.append(tf.add_n([c[1] for c in counts]))
+            return tuple(values)
+
+        if self.measuring is None:
+            values = reduce()
+        else:
+            nothing = (tf.constant(0.0),) * (per_boundary * len(waiting))
+            values = tf.cond(self.measuring, reduce, lambda: nothing)
+        for k, (boundary, _) in enumerate(waiting):
+            self.reduced[id(boundary)] = Reduced(*values[per_boundary * k : per_boundary * (k + 1)])
+
+
+def _bytes(tensor) -> int:
+    """Bytes of `tensor`'s values, counting a dimension unknown when traced as 1."""
+    tensor = _values(tensor)
+    dims = [d if d is not None else 1 for d in tensor.shape.as_list()] if tensor.shape.rank else []
+    return math.prod(dims) * tensor.dtype.size

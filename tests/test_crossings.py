@@ -1,0 +1,93 @@
+"""`_crossings.Crossings`: the boundaries' gradients, reduced in few branches.
+
+Each crossing gradient is reduced to its largest absolute value, mean square
+and zero count, exactly as numpy computes them, on measuring steps only; the
+gradients wait and are reduced together, one branch per `WAITING_BYTES`, so
+that at most that much of them stays alive.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_als import _crossings
+
+
+def _branches(graph) -> int:
+    return sum(op.type in ("If", "StatelessIf") for op in graph.get_operations())
+
+
+def _reduce(arrays, measuring, count_zeros=True):
+    """Feeds one gradient per boundary through `Crossings`; returns the reductions
+    (as numpy) and the number of branches the traced graph holds."""
+    boundaries = [object() for _ in arrays]
+    found = {}
+
+    @tf.function
+    def step(measuring):
+        crossings = _crossings.Crossings(tf.compat.v1.get_default_graph(), measuring, count_zeros)
+        for b, a in zip(boundaries, arrays):
+            crossings.arrived(b, [tf.constant(a)])
+        crossings.finish()
+        found["branches"] = _branches(tf.compat.v1.get_default_graph())
+        return [
+            [r.amax, r.mean_square] + ([r.zeros, r.size] if count_zeros else [])
+            for r in (crossings.reduced[id(b)] for b in boundaries)
+        ]
+
+    values = [[float(v) for v in row] for row in step(tf.constant(measuring))]
+    return values, found["branches"]
+
+
+def test_a_measuring_step_reduces_each_gradient_as_numpy_does():
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(4, 5)).astype("float16"), np.array([0.0, -3.0, 0.0], "float16")]
+    values, _ = _reduce(arrays, measuring=True)
+    for (largest, square, zeros, size), a in zip(values, arrays):
+        a = a.astype("float64")
+        assert largest == np.max(np.abs(a))
+        assert square == pytest.approx(np.mean(a**2), rel=1e-6)
+        assert (zeros, size) == (np.sum(a == 0), a.size)
+
+
+def test_a_step_that_does_not_measure_reads_zeros():
+    values, _ = _reduce([np.ones((4, 4), "float16")], measuring=False)
+    assert values == [[0.0, 0.0, 0.0, 0.0]]
+
+
+def test_a_nan_reads_as_an_infinite_largest_value():
+    values, _ = _reduce([np.array([1.0, np.nan], "float16")], measuring=True, count_zeros=False)
+    assert values[0][0] == np.inf
+
+
+@pytest.mark.parametrize(
+    ("gradients", "kib_each", "branches"),
+    [(10, 8, 2), (8, 8, 1), (3, 128, 3), (1, 1, 1)],
+)
+def test_waiting_gradients_are_reduced_together_once_they_hold_the_budget(
+    gradients, kib_each, branches
+):
+    # float16: 2 bytes a value. 10 x 8 KiB: one branch at 64 KiB, one for the last 2.
+    arrays = [np.ones(kib_each * 512, "float16") for _ in range(gradients)]
+    assert _crossings.WAITING_BYTES == 64 * 1024
+    _, found = _reduce(arrays, measuring=True)
+    assert found == branches
+
+
+def test_gradients_from_a_nested_graph_are_not_part_of_the_plan():
+    boundary = object()
+
+    @tf.function
+    def step():
+        crossings = _crossings.Crossings(tf.compat.v1.get_default_graph(), None, False)
+
+        @tf.function
+        def nested():
+            crossings.arrived(boundary, [tf.ones(3)])
+            return tf.constant(0.0)
+
+        nested()
+        crossings.finish()
+        return len(crossings.reduced)
+
+    assert int(step()) == 0
