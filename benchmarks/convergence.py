@@ -172,6 +172,16 @@ def train(task: Task, method: common.Method, seed: int, epochs: int, trace: bool
 TARGET_METHODS = ("float32", "keras_lso", "als_max_safe")
 """The methods the accuracy target compares; they train on `more_seeds` too."""
 
+MORE_SEEDS = {"digits_cnn": tuple(range(3, 8)), "mnist_mlp": tuple(range(3, 16))}
+"""Seeds beyond the common three for `TARGET_METHODS`, per task (8 and 16 in all).
+
+The target compares keras_als with Keras LSO paired by seed. On digits, 8
+seeds give a paired standard error of 0.02 points; on MNIST the per-seed
+difference spreads more (standard deviation about 0.5 points), and 8 seeds
+gave a standard error of 0.15, as large as the differences the target judges,
+so MNIST trains on 16.
+"""
+
 
 def run_all(
     methods: list[common.Method],
@@ -179,17 +189,17 @@ def run_all(
     epochs: dict[str, int],
     trace_methods: tuple[str, ...] = ("als_max_safe", "keras_lso"),
     log: Callable[[str], None] = print,
-    more_seeds: tuple[int, ...] = (),
+    more_seeds: dict[str, tuple[int, ...]] | None = None,
 ) -> list[Run]:
     """Every task x method x seed; scales traced for `trace_methods` on the first seed.
 
-    The methods named in `TARGET_METHODS` also train on `more_seeds`: the
-    accuracy target compares them paired by seed, which needs more seeds than
-    the other baselines' columns.
+    The methods named in `TARGET_METHODS` also train on `more_seeds[task]`:
+    the accuracy target compares them paired by seed, which needs more seeds
+    than the other baselines' columns.
     """
     runs = []
     for task in TASKS:
-        for seed in [*seeds, *more_seeds]:
+        for seed in [*seeds, *(more_seeds or {}).get(task.name, ())]:
             for method in methods:
                 if seed not in seeds and method.name not in TARGET_METHODS:
                     continue

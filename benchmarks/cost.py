@@ -1,12 +1,16 @@
 """Step time of keras_als over Keras's `LossScaleOptimizer`, measured interleaved.
 
 Both methods train the same model (same weights, same batch) with the same
-custom step, compiled with `jit_compile=True` (XLA). After warm-up the two
-compiled steps run in alternating blocks, ABBA order (A, B, B, A, A, B, ...),
-in one process, so that load from other processes on the machine hits both
-alike; the ratio is the median over block pairs of `time(keras_als) /
-time(Keras LSO)`. The same measurement on MLPs with 10, 50 and 200 wrapped
-layers shows how the overhead grows with the number of layers.
+custom step, compiled with `jit_compile=True` (XLA). Each method is built
+`instances` times (a fresh model, optimizer and compiled step each): on this
+CPU one compiled instance can run a few percent faster or slower than another
+of the same configuration for as long as it lives, so one instance per
+method would compare those draws rather than the methods. After warm-up,
+every round times one block of every instance, in a shuffled order, in one
+process, so that load from other processes hits all alike; the ratio is the
+median over rounds of `mean time(keras_als instances) / mean time(Keras LSO
+instances)`. The same measurement on MLPs with 10, 50 and 200 wrapped layers
+shows how the overhead grows with the number of layers.
 
     python -m benchmarks.cost --models transformer,residual_cnn --sweep 200 --blocks 16
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import time
 from collections.abc import Callable
 
@@ -37,9 +42,13 @@ class Timing:
         layers: Number of wrapped layers (scale boundaries).
         als_ms: Median step time of keras_als, milliseconds.
         lso_ms: Median step time of Keras LSO, milliseconds.
-        ratio: Median over block pairs of the time ratio keras_als / Keras LSO.
-        blocks: Number of block pairs.
+        ratio: Median over rounds of the time ratio keras_als / Keras LSO
+            (each the mean over its instances).
+        blocks: Number of rounds.
         steps_per_block: Steps in each timed block.
+        instances: Independently built instances of each method.
+        lso_spread: Slowest over fastest Keras LSO instance (median times):
+            how far two instances of one configuration differ (the noise floor).
     """
 
     model: str
@@ -50,6 +59,8 @@ class Timing:
     ratio: float
     blocks: int
     steps_per_block: int
+    instances: int = 1
+    lso_spread: float = 1.0
 
     @property
     def overhead_ms(self) -> float:
@@ -113,14 +124,6 @@ BREAKDOWN = (
         label="keras_als, MaxSafe, measuring every step (measure_every_n_steps=1)",
     ),
     common.Method(
-        "als_fixed_wrapped",
-        "als",
-        common.policies.Fixed(default=2.0**10),
-        wrap=True,
-        initial_scale=2.0**10,
-        label="keras_als wrapped, Fixed policy: same boundaries and statistics, no policy math",
-    ),
-    common.Method(
         "als_fixed_global",
         "als",
         common.policies.Fixed(default=2.0**10),
@@ -140,6 +143,7 @@ def interleaved(
     blocks: int,
     steps_per_block: int,
     extra: tuple[common.Method, ...] = (),
+    instances: int = 3,
 ) -> list[Timing]:
     """Times keras_als (max_safe, and `extra` variants) against Keras LSO, interleaved.
 
@@ -148,10 +152,11 @@ def interleaved(
         builder: Returns a fresh built model under the current policy.
         x: One batch of inputs.
         y: One batch of targets.
-        blocks: Rounds; each round times one block of every method, the order
-            reversed every other round.
+        blocks: Rounds; each round times one block of every instance of every
+            method, in a shuffled order.
         steps_per_block: Steps per block.
         extra: More keras_als variants timed in the same rounds.
+        instances: Instances built of each method.
 
     Returns:
         One `Timing` per keras_als variant, each against Keras LSO.
@@ -160,42 +165,51 @@ def interleaved(
     with common.precision("float32"):
         weights = builder().get_weights()
     methods = (common.KERAS_LSO, common.ALS_MAX_SAFE, *extra)
-    steps = {}
+    steps = []  # (method name, compiled step), `instances` of each method
     wrapped = 0
-    for method in methods:
-        model, optimizer = method.build(builder, weights, keras.optimizers.Adam(1e-4))
-        if method.wrap:
-            wrapped = sum(1 for layer in model.layers if layer.name.endswith("_scaled"))
-        steps[method.name] = common.compiled_step(model, optimizer, loss_for(y, model))
+    for _ in range(instances):
+        for method in methods:
+            model, optimizer = method.build(builder, weights, keras.optimizers.Adam(1e-4))
+            if method.wrap:
+                wrapped = sum(1 for layer in model.layers if layer.name.endswith("_scaled"))
+            steps.append((method.name, common.compiled_step(model, optimizer, loss_for(y, model))))
     x, y = tf.constant(x), tf.constant(y)
-    for step in steps.values():
+    for _, step in steps:
         _time_block(step, x, y, 3)  # trace, compile, settle
-    times: dict[str, list[float]] = {m.name: [] for m in methods}
-    ratios: dict[str, list[float]] = {m.name: [] for m in methods}
-    for i in range(blocks):
-        order = methods if i % 2 == 0 else methods[::-1]
-        measured = {m.name: _time_block(steps[m.name], x, y, steps_per_block) for m in order}
-        for m in methods:
-            times[m.name].append(measured[m.name])
-            ratios[m.name].append(measured[m.name] / measured["keras_lso"])
-    lso_ms = 1e3 * float(np.median(times["keras_lso"]))
+    order = random.Random(0)
+    times = [[] for _ in steps]  # per instance, one time per round
+    for _ in range(blocks):
+        for i in order.sample(range(len(steps)), len(steps)):
+            times[i].append(_time_block(steps[i][1], x, y, steps_per_block))
+    per_method = {
+        m.name: np.mean([t for (n, _), t in zip(steps, times) if n == m.name], axis=0)
+        for m in methods
+    }  # per round, the mean over the method's instances
+    lso = per_method["keras_lso"]
+    lso_medians = [np.median(t) for (n, _), t in zip(steps, times) if n == "keras_lso"]
     return [
         Timing(
             name,
             m.name,
             wrapped,
-            1e3 * float(np.median(times[m.name])),
-            lso_ms,
-            float(np.median(ratios[m.name])),
+            1e3 * float(np.median(per_method[m.name])),
+            1e3 * float(np.median(lso)),
+            float(np.median(per_method[m.name] / lso)),
             blocks,
             steps_per_block,
+            instances,
+            float(max(lso_medians) / min(lso_medians)),
         )
         for m in methods[1:]
     ]
 
 
 def layer_sweep(
-    depths: tuple[int, ...], blocks: int, steps_per_block: int, log: Callable[[str], None] = print
+    depths: tuple[int, ...],
+    blocks: int,
+    steps_per_block: int,
+    log: Callable[[str], None] = print,
+    instances: int = 3,
 ) -> list[Timing]:
     """Interleaved timing on MLPs whose wrapped layer count is each of `depths`."""
     rng = np.random.default_rng(0)
@@ -203,7 +217,9 @@ def layer_sweep(
     y = rng.normal(size=(64, 1)).astype("float32")
     results = []
     for depth in depths:
-        (timing,) = interleaved(f"mlp_{depth}", deep_mlp(depth - 1), x, y, blocks, steps_per_block)
+        (timing,) = interleaved(
+            f"mlp_{depth}", deep_mlp(depth - 1), x, y, blocks, steps_per_block, (), instances
+        )
         log(_line(timing))
         results.append(timing)
     return results
@@ -223,7 +239,8 @@ def growth_exponent(timings: list[Timing]) -> float:
 def _line(t: Timing) -> str:
     return (
         f"  {t.model:14s} {t.method:18s} {t.layers:4d} wrapped layers: {t.als_ms:.2f} ms, "
-        f"Keras LSO {t.lso_ms:.2f} ms, ratio {t.ratio:.3f}"
+        f"Keras LSO {t.lso_ms:.2f} ms, ratio {t.ratio:.3f} "
+        f"(Keras LSO instances differ by {t.lso_spread:.3f}x)"
     )
 
 
@@ -233,6 +250,7 @@ def run_all(
     breakdown: bool = True,
     models: tuple[str, ...] | None = None,
     log: Callable[[str], None] = print,
+    instances: int = 3,
 ) -> list[Timing]:
     """The step-time table on the timing models (all, or those named in `models`)."""
     results = []
@@ -240,7 +258,7 @@ def run_all(
         if models is not None and name not in models:
             continue
         extra = BREAKDOWN if breakdown else ()
-        for timing in interleaved(name, builder, x, y, blocks, steps_per_block, extra):
+        for timing in interleaved(name, builder, x, y, blocks, steps_per_block, extra, instances):
             log(_line(timing))
             results.append(timing)
     return results
@@ -257,15 +275,16 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated timing models, e.g. transformer,residual_cnn (default: none)",
     )
     parser.add_argument("--sweep", default="", help="comma-separated layer counts, e.g. 200")
-    parser.add_argument("--blocks", type=int, default=30)
+    parser.add_argument("--blocks", type=int, default=20)
     parser.add_argument("--steps", type=int, default=20, help="steps per block")
+    parser.add_argument("--instances", type=int, default=3, help="instances of each method")
     args = parser.parse_args(argv)
     models = tuple(m for m in args.models.split(",") if m)
     if models:
-        run_all(args.blocks, args.steps, breakdown=True, models=models)
+        run_all(args.blocks, args.steps, True, models, instances=args.instances)
     depths = tuple(int(d) for d in args.sweep.split(",") if d)
     if depths:
-        layer_sweep(depths, args.blocks, args.steps)
+        layer_sweep(depths, args.blocks, args.steps, instances=args.instances)
 
 
 if __name__ == "__main__":

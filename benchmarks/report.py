@@ -347,7 +347,8 @@ def cost_table(timings: list[Timing]) -> str:
             f"{t.lso_ms:.2f}",
             f"{t.als_ms:.2f}",
             f"{t.ratio:.3f}",
-            f"{t.blocks} x {t.steps_per_block}",
+            f"{t.lso_spread:.3f}",
+            f"{t.instances} x {t.blocks} x {t.steps_per_block}",
         ]
         for t in timings
     ]
@@ -358,7 +359,8 @@ def cost_table(timings: list[Timing]) -> str:
         "Keras LSO ms",
         "variant ms",
         "ratio",
-        "blocks x steps",
+        "LSO spread",
+        "instances x rounds x steps",
     ]
     return _table(header, rows)
 
@@ -371,6 +373,7 @@ def sweep_table(sweep: list[Timing]) -> str:
             f"{t.lso_ms:.2f}",
             f"{t.als_ms:.2f}",
             f"{t.ratio:.3f}",
+            f"{t.lso_spread:.3f}",
             f"{t.overhead_ms:.3f}",
             f"{1e3 * t.overhead_ms / t.layers:.1f}",
         ]
@@ -381,6 +384,7 @@ def sweep_table(sweep: list[Timing]) -> str:
         "Keras LSO ms",
         "keras_als ms",
         "ratio",
+        "LSO spread",
         "overhead ms",
         "overhead per layer µs",
     ]

@@ -44,10 +44,11 @@ class Budget:
     methods: tuple[common.Method, ...]
     fidelity_steps: int
     seeds: tuple[int, ...]
-    more_seeds: tuple[int, ...]  # more seeds for convergence.TARGET_METHODS
+    more_seeds: dict[str, tuple[int, ...]]  # per task, more seeds for TARGET_METHODS
     epochs: dict
     blocks: int
     steps_per_block: int
+    instances: int  # compiled instances of each method in the step-time rounds
     breakdown: bool
     timing_models: tuple[str, ...] | None  # None for all
     sweep: tuple[int, ...]
@@ -59,10 +60,11 @@ FULL = Budget(
     methods=common.ALL_METHODS,
     fidelity_steps=200,
     seeds=(0, 1, 2),
-    more_seeds=(3, 4, 5, 6, 7),
+    more_seeds=convergence.MORE_SEEDS,
     epochs={"digits_cnn": 30, "mnist_mlp": 10},
-    blocks=30,
+    blocks=16,
     steps_per_block=20,
+    instances=3,
     breakdown=True,
     timing_models=None,
     sweep=(10, 50, 200),
@@ -73,10 +75,11 @@ QUICK = Budget(
     methods=(common.FLOAT32, common.KERAS_LSO, common.ALS_MAX_SAFE),
     fidelity_steps=20,
     seeds=(0,),
-    more_seeds=(),
+    more_seeds={},
     epochs={"digits_cnn": 6, "mnist_mlp": 2},
     blocks=8,
     steps_per_block=10,
+    instances=2,
     breakdown=False,
     timing_models=("transformer",),
     sweep=(4, 16),
@@ -122,10 +125,17 @@ def run(budget: Budget, quick: bool) -> dict:
     t = time.perf_counter()
     _log("== Step time, interleaved, jit_compile=True")
     steps = cost.run_all(
-        budget.blocks, budget.steps_per_block, budget.breakdown, budget.timing_models, log=_log
+        budget.blocks,
+        budget.steps_per_block,
+        budget.breakdown,
+        budget.timing_models,
+        log=_log,
+        instances=budget.instances,
     )
     _log("== Overhead against wrapped layers")
-    sweep = cost.layer_sweep(budget.sweep, budget.blocks, budget.steps_per_block, log=_log)
+    sweep = cost.layer_sweep(
+        budget.sweep, budget.blocks, budget.steps_per_block, log=_log, instances=budget.instances
+    )
     timings["cost"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -256,9 +266,14 @@ def markdown(results: dict, targets: list[report.Target], command: str, images: 
             f"- `{t.name}`: {t.description}, Adam({t.learning_rate:g}), batch {t.batch}"
             for t in convergence.TASKS
         ],
-        f"- Seeds {list(dict.fromkeys(r.seed for r in results['runs']))} for "
+        "- Seeds for "
         f"{', '.join(f'`{m}`' for m in convergence.TARGET_METHODS)}, the methods the "
-        "accuracy target compares; seeds "
+        "accuracy target compares: "
+        + "; ".join(
+            f"{task.name} {sorted({r.seed for r in results['runs'] if r.task == task.name})}"
+            for task in convergence.TASKS
+        )
+        + " (more on MNIST, whose per-seed differences spread more); seeds "
         f"{sorted({r.seed for r in results['runs'] if r.method not in convergence.TARGET_METHODS})}"
         " for the other methods. Held-out accuracy "
         "mean ± standard deviation over seeds (number of seeds); `model.fit(..., "
@@ -270,10 +285,16 @@ def markdown(results: dict, targets: list[report.Target], command: str, images: 
         "",
         "## 3. Step time (XLA, interleaved)",
         "",
-        "Median over ABBA-interleaved blocks in one process of keras_als's step time over "
-        "Keras `LossScaleOptimizer`'s, same model, weights, batch and custom step, both "
-        "`jit_compile=True`. `als_fixed_wrapped` (boundaries and plan, statistics unread) and "
-        "`als_fixed_global` (unwrapped, one scale) split the overhead into its parts.",
+        "keras_als's step time over Keras `LossScaleOptimizer`'s, same model, weights, batch "
+        "and custom step, both `jit_compile=True`, in one process. Each method is built "
+        "several times (instances: fresh model, optimizer and compiled step), since one "
+        "compiled instance can run a few percent faster or slower than another of the same "
+        "configuration for its whole life; every round times one block of every instance in "
+        "a shuffled order, and the ratio is the median over rounds of the mean over "
+        "instances. *LSO spread* is the slowest over the fastest Keras LSO instance: the "
+        "noise floor. `als_every_step` measures statistics on every step "
+        "(`measure_every_n_steps=1`); `als_fixed_global` is keras_als's optimizer on the "
+        "unwrapped model (one scale), the cost of the optimizer alone.",
         "",
         report.cost_table(results["timings"]),
         "",
