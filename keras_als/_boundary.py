@@ -5,9 +5,8 @@ wrapped layer receives. Forward, it is an identity. Backward, its gradient
 function hands the gradient arriving from the layer to the plan's `crossings`
 (which reduce it for the statistics on the steps that measure) and multiplies
 it by `ratio`, a power of two that the optimizer's plan sets before backprop
-starts.
-Every boundary made while tracing a graph is recorded, so that the plan can
-find the scale components of that graph.
+starts. Every boundary made while tracing a graph is recorded, so that the plan
+can find the scale components of that graph.
 
 Outside a traced function there is no graph to walk, so `insert` returns the
 tensors unchanged.

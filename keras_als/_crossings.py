@@ -18,7 +18,7 @@ import math
 
 import tensorflow as tf
 
-from keras_als._statistics import _values, amax, mean_square, zeros
+from keras_als._statistics import amax, mean_square, values_of, zeros
 
 WAITING_BYTES = 64 * 1024
 """Crossing gradients kept alive at most (plus the one that arrived last)."""
@@ -56,7 +56,7 @@ class Crossings:
 
     def arrived(self, boundary, gradients) -> None:
         """Takes the gradients that crossed `boundary` (called during backprop)."""
-        gradients = [g for g in gradients if _values(g).graph is self.graph]
+        gradients = [g for g in gradients if values_of(g).graph is self.graph]
         if not gradients:
             return
         self._waiting.append((boundary, gradients))
@@ -93,6 +93,6 @@ class Crossings:
 
 def _bytes(tensor) -> int:
     """Bytes of `tensor`'s values, counting a dimension unknown when traced as 1."""
-    tensor = _values(tensor)
+    tensor = values_of(tensor)
     dims = [d if d is not None else 1 for d in tensor.shape.as_list()] if tensor.shape.rank else []
     return math.prod(dims) * tensor.dtype.size

@@ -93,13 +93,14 @@ def zero_shares(plan, weight_grads) -> tf.Tensor:
     return tf.stack(shares)
 
 
-def _values(tensor):
+def values_of(tensor):
+    """The values of `tensor`, an IndexedSlices (an Embedding's gradient) or a Tensor."""
     return tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
 
 
 def amax(tensor: tf.Tensor) -> tf.Tensor:
     """Largest absolute value of `tensor` as float32; inf if any value is NaN."""
-    magnitude = tf.abs(_values(tensor))
+    magnitude = tf.abs(values_of(tensor))
     magnitude = tf.where(
         tf.math.is_nan(magnitude), tf.cast(float("inf"), magnitude.dtype), magnitude
     )
@@ -108,12 +109,12 @@ def amax(tensor: tf.Tensor) -> tf.Tensor:
 
 def mean_square(tensor: tf.Tensor) -> tf.Tensor:
     """Mean of the squared values of `tensor`, in float32."""
-    return tf.reduce_mean(tf.square(tf.cast(_values(tensor), tf.float32)))
+    return tf.reduce_mean(tf.square(tf.cast(values_of(tensor), tf.float32)))
 
 
 def zeros(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """(number of exact zeros, number of values) in `tensor`, as float32."""
-    tensor = _values(tensor)
+    tensor = values_of(tensor)
     count = tf.reduce_sum(tf.cast(tf.equal(tensor, 0), tf.float32))
     return count, tf.cast(tf.size(tensor), tf.float32)
 
