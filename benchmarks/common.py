@@ -208,6 +208,16 @@ def mnist_data() -> tuple[np.ndarray, ...]:
     return x[:4000], y[:4000], x[4000:], y[4000:]
 
 
+def fresh_session() -> None:
+    """Frees what Keras and TensorFlow keep of earlier models and traced steps.
+
+    The suite builds hundreds of models and compiled steps in one process; a
+    full run once died in TensorFlow's native code (a segfault) after about
+    a hundred training runs without this.
+    """
+    keras.utils.clear_session(free_memory=True)
+
+
 def set_seed(seed: int) -> None:
     """Seeds Python, NumPy and TensorFlow through Keras."""
     keras.utils.set_random_seed(seed)

@@ -134,6 +134,7 @@ def train(task: Task, method: common.Method, seed: int, epochs: int, trace: bool
         epochs: Passes over the training set.
         trace: Record every scale after every step.
     """
+    common.fresh_session()
     x, y, x_test, y_test = task.data()
     whole = len(x) // task.batch * task.batch
     x, y = x[:whole], y[:whole]

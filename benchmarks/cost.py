@@ -161,6 +161,7 @@ def interleaved(
     Returns:
         One `Timing` per keras_als variant, each against Keras LSO.
     """
+    common.fresh_session()
     common.set_seed(0)
     with common.precision("float32"):
         weights = builder().get_weights()

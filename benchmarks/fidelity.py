@@ -181,6 +181,7 @@ def measure_case(
     Returns:
         One `Measurement` per mixed method and phase.
     """
+    common.fresh_session()
     common.set_seed(0)
     with common.precision("float32"):
         initial = case.builder().get_weights()
