@@ -11,8 +11,10 @@ the first 100 steps) and, for one seed, every scale after every step.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import time
 from collections.abc import Callable
+from concurrent import futures
 
 import keras
 import numpy as np
@@ -170,6 +172,9 @@ def train(task: Task, method: common.Method, seed: int, epochs: int, trace: bool
     )
 
 
+RUNS_PER_PROCESS = 20
+"""Training runs a worker process does before a fresh one takes over."""
+
 TARGET_METHODS = ("float32", "keras_lso", "als_max_safe")
 """The methods the accuracy target compares; they train on `more_seeds` too."""
 
@@ -199,17 +204,23 @@ def run_all(
     than the other baselines' columns.
     """
     runs = []
-    for task in TASKS:
-        for seed in [*seeds, *(more_seeds or {}).get(task.name, ())]:
-            for method in methods:
-                if seed not in seeds and method.name not in TARGET_METHODS:
-                    continue
-                trace = seed == seeds[0] and method.name in trace_methods
-                run = train(task, method, seed, epochs[task.name], trace)
-                log(
-                    f"  {task.name:10s} {method.name:20s} seed {seed}: "
-                    f"accuracy {100 * run.accuracy:.2f}%, skipped {run.skipped}/{run.steps}, "
-                    f"{run.seconds:.1f}s"
-                )
-                runs.append(run)
+    # Each run in a worker process, renewed every RUNS_PER_PROCESS runs: in one
+    # process, a full suite died in TensorFlow's native code (a segfault in the
+    # C++ exception unwinder) at the 98th run, twice at the same run, which
+    # alone and after fewer runs trains normally.
+    spawn = multiprocessing.get_context("spawn")
+    with futures.ProcessPoolExecutor(1, spawn, max_tasks_per_child=RUNS_PER_PROCESS) as pool:
+        for task in TASKS:
+            for seed in [*seeds, *(more_seeds or {}).get(task.name, ())]:
+                for method in methods:
+                    if seed not in seeds and method.name not in TARGET_METHODS:
+                        continue
+                    trace = seed == seeds[0] and method.name in trace_methods
+                    run = pool.submit(train, task, method, seed, epochs[task.name], trace).result()
+                    log(
+                        f"  {task.name:10s} {method.name:20s} seed {seed}: "
+                        f"accuracy {100 * run.accuracy:.2f}%, skipped {run.skipped}/{run.steps}, "
+                        f"{run.seconds:.1f}s"
+                    )
+                    runs.append(run)
     return runs
