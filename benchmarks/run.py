@@ -1,6 +1,6 @@
 """Runs the benchmark suite and writes RESULTS.md, results.json and the plots.
 
-    python -m benchmarks.run           # full suite, < 30 min on 2 CPU cores
+    python -m benchmarks.run           # full suite, about 31 min on 2 CPU cores
     python -m benchmarks.run --quick   # smaller budget, < 3 min (CI)
 
 The full run writes into benchmarks/results/, the quick one into
