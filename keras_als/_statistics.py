@@ -25,19 +25,18 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     pruned from the traced graph, so they cost nothing.
     """
     crossed = plan.crossings.reduced
-    crossed_amax = {k: r.amax for k, r in crossed.items()}
     amaxes, mean_squares, overflow, silent = [], [], [], []
     for i, component in enumerate(plan.components):
         scale = plan.scales[i]
         seen = list(weight_amax[i])
         incoming_finite, incoming_amax = [], []
         for b in component.inside:
-            if id(b) in crossed_amax:
-                seen.append(crossed_amax[id(b)])
+            if id(b) in crossed:
+                seen.append(crossed[id(b)].amax)
         for b in component.feeding:
             other = plan.sides[id(b)][1]
-            if id(b) in crossed_amax and other != i:
-                arrived = crossed_amax[id(b)]
+            if id(b) in crossed and other != i:
+                arrived = crossed[id(b)].amax
                 post = arrived * (scale / plan.scales[other])  # at this component's scale
                 limit = b.inputs[0].dtype.max
                 seen.append(tf.where(post > limit, float("inf"), post))
