@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 
 import tensorflow as tf
 
@@ -250,7 +251,13 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
         for k, (b, _, _) in enumerate(crossing):
             b.ratio = ratios[k]
     return Plan(
-        graph, merged, scales, slot_scales, component_of, sides, final[loss_component],
+        graph,
+        merged,
+        scales,
+        slot_scales,
+        component_of,
+        sides,
+        final[loss_component],
         optimizer.built,
     )
 
@@ -258,22 +265,27 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
 _local = threading.local()
 
 
+def _plans() -> weakref.WeakKeyDictionary:
+    """This thread's last plan per optimizer; a dropped optimizer's plan goes with it."""
+    if not hasattr(_local, "plans"):
+        _local.plans = weakref.WeakKeyDictionary()
+    return _local.plans
+
+
 def remember(optimizer, plan: Plan) -> None:
     """Keeps `plan` for `optimizer` in this thread (one replica traces per thread)."""
-    if not hasattr(_local, "plans"):
-        _local.plans = {}
-    _local.plans[id(optimizer)] = plan
+    _plans()[optimizer] = plan
 
 
 def made_elsewhere(optimizer) -> bool:
     """True if `optimizer` planned a step in another graph than the one traced now."""
-    plan = getattr(_local, "plans", {}).get(id(optimizer))
+    plan = _plans().get(optimizer)
     return plan is not None and plan.graph is not tf.compat.v1.get_default_graph()
 
 
 def current(optimizer) -> Plan | None:
     """The plan made for `optimizer` in the graph being traced now, if any."""
-    plan = getattr(_local, "plans", {}).get(id(optimizer))
+    plan = _plans().get(optimizer)
     if plan is None or not tf.inside_function():
         return None
     if plan.graph is not tf.compat.v1.get_default_graph():

@@ -156,3 +156,31 @@ def test_a_tensor_captured_by_the_step_function_is_fine():
     step()
     step()
     assert int(optimizer.iterations.numpy()) == 2
+
+
+def test_a_dropped_optimizer_leaves_no_plan_behind():
+    import gc
+    import weakref
+
+    import tensorflow as tf
+
+    from keras_als import _plan
+
+    def train_one_step():
+        model = keras_als.wrap_model(models.sequential_mlp()[0])
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.1))
+        x = tf.constant(np.ones((4, 12)), tf.float32)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                scaled = optimizer.scale_loss(tf.reduce_mean(tf.square(model(x))))
+            grads = tape.gradient(scaled, model.trainable_variables)
+            optimizer.apply(grads, model.trainable_variables)
+
+        step()
+        return weakref.ref(_plan._plans()[optimizer])
+
+    plan = train_one_step()  # model, optimizer and step are dropped on return
+    gc.collect()
+    assert plan() is None
