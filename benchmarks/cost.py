@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import random
 import time
 from collections.abc import Callable
+from concurrent import futures
 
 import keras
 import numpy as np
@@ -81,22 +83,28 @@ def deep_mlp(depth: int, width: int = 64, features: int = 32) -> Callable[[], ke
     return build
 
 
-def timing_models() -> list[tuple[str, Callable[[], keras.Model], np.ndarray, np.ndarray]]:
-    """`(name, builder, x, y)` for the step-time table (the layer sweep is separate)."""
+TIMING_MODELS = ("cnn_batchnorm", "residual_cnn", "transformer", "deep_mlp")
+"""The models of the step-time table (the layer sweep adds `mlp_N`)."""
+
+
+def model_named(name: str) -> tuple[Callable[[], keras.Model], np.ndarray, np.ndarray]:
+    """`(builder, x, y)` of a timing model, or of `mlp_N`: N wrapped Dense(64, tanh) layers."""
     rng = np.random.default_rng(0)
-    x_digits, y_digits, _, _ = common.digits_data()
-    tokens = rng.integers(0, 64, size=(64, 16)).astype("int32")
-    return [
-        ("cnn_batchnorm", zoo.digits_cnn, x_digits[:64], y_digits[:64].astype("float32")),
-        ("residual_cnn", zoo.residual_cnn, x_digits[:64], y_digits[:64].astype("float32")),
-        ("transformer", zoo.transformer_encoder, tokens, rng.integers(0, 4, 64).astype("float32")),
-        (
-            "deep_mlp",
-            lambda: zoo.mlp(8, 64, 32, 8, "relu"),
-            rng.normal(size=(64, 32)).astype("float32"),
-            rng.integers(0, 8, 64).astype("float32"),
-        ),
-    ]
+    if name.startswith("mlp_"):
+        x = rng.normal(size=(64, 32)).astype("float32")
+        y = rng.normal(size=(64, 1)).astype("float32")
+        return deep_mlp(int(name[4:]) - 1), x, y
+    if name in ("cnn_batchnorm", "residual_cnn"):
+        x_digits, y_digits, _, _ = common.digits_data()
+        builder = zoo.digits_cnn if name == "cnn_batchnorm" else zoo.residual_cnn
+        return builder, x_digits[:64], y_digits[:64].astype("float32")
+    if name == "transformer":
+        tokens = rng.integers(0, 64, size=(64, 16)).astype("int32")
+        return zoo.transformer_encoder, tokens, rng.integers(0, 4, 64).astype("float32")
+    if name == "deep_mlp":
+        x = rng.normal(size=(64, 32)).astype("float32")
+        return lambda: zoo.mlp(8, 64, 32, 8, "relu"), x, rng.integers(0, 8, 64).astype("float32")
+    raise ValueError(f"unknown timing model {name!r}: use one of {TIMING_MODELS} or mlp_N")
 
 
 def loss_for(y: np.ndarray, model: keras.Model) -> keras.losses.Loss:
@@ -137,9 +145,6 @@ BREAKDOWN = (
 
 def interleaved(
     name: str,
-    builder: Callable[[], keras.Model],
-    x: np.ndarray,
-    y: np.ndarray,
     blocks: int,
     steps_per_block: int,
     extra: tuple[common.Method, ...] = (),
@@ -147,11 +152,10 @@ def interleaved(
 ) -> list[Timing]:
     """Times keras_als (max_safe, and `extra` variants) against Keras LSO, interleaved.
 
+    Runs in the calling process; `in_fresh_process` runs it in a new one.
+
     Args:
-        name: Model name for the table.
-        builder: Returns a fresh built model under the current policy.
-        x: One batch of inputs.
-        y: One batch of targets.
+        name: The model (see `model_named`).
         blocks: Rounds; each round times one block of every instance of every
             method, in a shuffled order.
         steps_per_block: Steps per block.
@@ -161,6 +165,7 @@ def interleaved(
     Returns:
         One `Timing` per keras_als variant, each against Keras LSO.
     """
+    builder, x, y = model_named(name)
     common.fresh_session()
     common.set_seed(0)
     with common.precision("float32"):
@@ -176,7 +181,9 @@ def interleaved(
             steps.append((method.name, common.compiled_step(model, optimizer, loss_for(y, model))))
     x, y = tf.constant(x), tf.constant(y)
     for _, step in steps:
-        _time_block(step, x, y, 3)  # trace, compile, settle
+        step.get_concrete_function(x, y)  # trace, one at a time
+    for _, step in steps:
+        _time_block(step, x, y, 3)  # compile, settle
     order = random.Random(0)
     times = [[] for _ in steps]  # per instance, one time per round
     for _ in range(blocks):
@@ -205,23 +212,38 @@ def interleaved(
     ]
 
 
+def in_fresh_process(
+    name: str,
+    blocks: int,
+    steps_per_block: int,
+    extra: tuple[common.Method, ...] = (),
+    instances: int = 3,
+) -> list[Timing]:
+    """`interleaved(...)` in a new process, which frees all it compiled when it ends."""
+    spawn = multiprocessing.get_context("spawn")
+    with futures.ProcessPoolExecutor(1, spawn) as pool:
+        return pool.submit(interleaved, name, blocks, steps_per_block, extra, instances).result()
+
+
 def layer_sweep(
-    depths: tuple[int, ...],
+    sizes: tuple[tuple[int, int], ...],
     blocks: int,
     steps_per_block: int,
     log: Callable[[str], None] = print,
-    instances: int = 3,
 ) -> list[Timing]:
-    """Interleaved timing on MLPs whose wrapped layer count is each of `depths`."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 32)).astype("float32")
-    y = rng.normal(size=(64, 1)).astype("float32")
+    """Interleaved timing on MLPs with each number of wrapped layers in `sizes`.
+
+    Args:
+        sizes: `(wrapped layers, instances of each method)` pairs.
+        blocks: Rounds.
+        steps_per_block: Steps per block.
+        log: Prints one line per size.
+    """
     results = []
-    for depth in depths:
-        (timing,) = interleaved(
-            f"mlp_{depth}", deep_mlp(depth - 1), x, y, blocks, steps_per_block, (), instances
-        )
-        log(_line(timing))
+    for layers, instances in sizes:
+        start = time.perf_counter()
+        (timing,) = in_fresh_process(f"mlp_{layers}", blocks, steps_per_block, (), instances)
+        log(_line(timing) + f" [{time.perf_counter() - start:.0f}s]")
         results.append(timing)
     return results
 
@@ -255,13 +277,16 @@ def run_all(
 ) -> list[Timing]:
     """The step-time table on the timing models (all, or those named in `models`)."""
     results = []
-    for name, builder, x, y in timing_models():
+    for name in TIMING_MODELS:
         if models is not None and name not in models:
             continue
+        start = time.perf_counter()
         extra = BREAKDOWN if breakdown else ()
-        for timing in interleaved(name, builder, x, y, blocks, steps_per_block, extra, instances):
+        timings = in_fresh_process(name, blocks, steps_per_block, extra, instances)
+        for timing in timings:
             log(_line(timing))
-            results.append(timing)
+        log(f"  ({name}: {time.perf_counter() - start:.0f}s)")
+        results += timings
     return results
 
 
@@ -285,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         run_all(args.blocks, args.steps, True, models, instances=args.instances)
     depths = tuple(int(d) for d in args.sweep.split(",") if d)
     if depths:
-        layer_sweep(depths, args.blocks, args.steps, instances=args.instances)
+        layer_sweep(tuple((d, args.instances) for d in depths), args.blocks, args.steps)
 
 
 if __name__ == "__main__":

@@ -89,17 +89,7 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
 
     from benchmarks import common, cost
 
-    builders = {name: (b, x, y) for name, b, x, y in cost.timing_models()}
-    if model_name.startswith("mlp_"):
-        import numpy as np
-
-        rng = np.random.default_rng(0)
-        builders[model_name] = (
-            cost.deep_mlp(int(model_name[4:]) - 1),
-            rng.normal(size=(64, 32)).astype("float32"),
-            rng.normal(size=(64, 1)).astype("float32"),
-        )
-    builder, x, y = builders[model_name]
+    builder, x, y = cost.model_named(model_name)
     method = {m.name: m for m in common.ALL_METHODS}[method_name]
     common.set_seed(0)
     model, optimizer = method.build(builder)

@@ -376,6 +376,7 @@ def sweep_table(sweep: list[Timing]) -> str:
             f"{t.lso_spread:.3f}",
             f"{t.overhead_ms:.3f}",
             f"{1e3 * t.overhead_ms / t.layers:.1f}",
+            f"{t.instances} x {t.blocks} x {t.steps_per_block}",
         ]
         for t in sorted(sweep, key=lambda t: t.layers)
     ]
@@ -387,6 +388,7 @@ def sweep_table(sweep: list[Timing]) -> str:
         "LSO spread",
         "overhead ms",
         "overhead per layer µs",
+        "instances x rounds x steps",
     ]
     return _table(header, rows)
 
