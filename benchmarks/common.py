@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import multiprocessing
 import os
 from collections.abc import Callable, Iterator
+from concurrent import futures
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -216,6 +218,24 @@ def fresh_session() -> None:
     a hundred training runs without this.
     """
     keras.utils.clear_session(free_memory=True)
+
+
+TASKS_PER_PROCESS = 20
+"""Tasks (training runs, fidelity cases) a worker process does before a fresh one
+takes over: in one process, a full suite died in TensorFlow's native code (a
+segfault in the C++ exception unwinder) at the 98th training run, twice at the
+same run, which alone and after fewer runs trains normally."""
+
+
+def worker_pool(workers: int = 2) -> futures.ProcessPoolExecutor:
+    """Worker processes for measurements that are not timed (accuracy, gradients).
+
+    Two workers keep both cores of the benchmark machine busy; nothing timed may
+    run beside them. Workers are spawned (a fresh TensorFlow each) and renewed
+    every `TASKS_PER_PROCESS` tasks.
+    """
+    spawn = multiprocessing.get_context("spawn")
+    return futures.ProcessPoolExecutor(workers, spawn, max_tasks_per_child=TASKS_PER_PROCESS)
 
 
 def set_seed(seed: int) -> None:

@@ -11,7 +11,6 @@ the first 100 steps) and, for one seed, every scale after every step.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -172,9 +171,6 @@ def train(task: Task, method: common.Method, seed: int, epochs: int, trace: bool
     )
 
 
-RUNS_PER_PROCESS = 20
-"""Training runs a worker process does before a fresh one takes over."""
-
 TARGET_METHODS = ("float32", "keras_lso", "als_max_safe")
 """The methods the accuracy target compares; they train on `more_seeds` too."""
 
@@ -189,38 +185,41 @@ so MNIST trains on 16.
 """
 
 
-def run_all(
+def submit(
+    pool: futures.Executor,
     methods: list[common.Method],
     seeds: list[int],
     epochs: dict[str, int],
     trace_methods: tuple[str, ...] = ("als_max_safe", "keras_lso"),
-    log: Callable[[str], None] = print,
     more_seeds: dict[str, tuple[int, ...]] | None = None,
-) -> list[Run]:
-    """Every task x method x seed; scales traced for `trace_methods` on the first seed.
+) -> list[futures.Future]:
+    """Hands every task x method x seed to `pool`; scales traced for `trace_methods`
+    on the first seed.
 
     The methods named in `TARGET_METHODS` also train on `more_seeds[task]`:
     the accuracy target compares them paired by seed, which needs more seeds
     than the other baselines' columns.
     """
+    pending = []
+    for task in TASKS:
+        for seed in [*seeds, *(more_seeds or {}).get(task.name, ())]:
+            for method in methods:
+                if seed not in seeds and method.name not in TARGET_METHODS:
+                    continue
+                trace = seed == seeds[0] and method.name in trace_methods
+                pending.append(pool.submit(train, task, method, seed, epochs[task.name], trace))
+    return pending
+
+
+def collect(pending: list[futures.Future], log: Callable[[str], None] = print) -> list[Run]:
+    """The runs `submit` started, in order, each logged as it is taken."""
     runs = []
-    # Each run in a worker process, renewed every RUNS_PER_PROCESS runs: in one
-    # process, a full suite died in TensorFlow's native code (a segfault in the
-    # C++ exception unwinder) at the 98th run, twice at the same run, which
-    # alone and after fewer runs trains normally.
-    spawn = multiprocessing.get_context("spawn")
-    with futures.ProcessPoolExecutor(1, spawn, max_tasks_per_child=RUNS_PER_PROCESS) as pool:
-        for task in TASKS:
-            for seed in [*seeds, *(more_seeds or {}).get(task.name, ())]:
-                for method in methods:
-                    if seed not in seeds and method.name not in TARGET_METHODS:
-                        continue
-                    trace = seed == seeds[0] and method.name in trace_methods
-                    run = pool.submit(train, task, method, seed, epochs[task.name], trace).result()
-                    log(
-                        f"  {task.name:10s} {method.name:20s} seed {seed}: "
-                        f"accuracy {100 * run.accuracy:.2f}%, skipped {run.skipped}/{run.steps}, "
-                        f"{run.seconds:.1f}s"
-                    )
-                    runs.append(run)
+    for done in pending:
+        run = done.result()
+        log(
+            f"  {run.task:10s} {run.method:20s} seed {run.seed}: "
+            f"accuracy {100 * run.accuracy:.2f}%, skipped {run.skipped}/{run.steps}, "
+            f"{run.seconds:.1f}s"
+        )
+        runs.append(run)
     return runs

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import multiprocessing
 import random
 import time
 from collections.abc import Callable
-from concurrent import futures
 
 import keras
 import numpy as np
@@ -220,8 +218,7 @@ def in_fresh_process(
     instances: int = 3,
 ) -> list[Timing]:
     """`interleaved(...)` in a new process, which frees all it compiled when it ends."""
-    spawn = multiprocessing.get_context("spawn")
-    with futures.ProcessPoolExecutor(1, spawn) as pool:
+    with common.worker_pool(1) as pool:
         return pool.submit(interleaved, name, blocks, steps_per_block, extra, instances).result()
 
 

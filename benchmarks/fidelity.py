@@ -7,7 +7,8 @@ underflow rate (share of elements non-zero in float32 and zero in the mixed run)
 - `float32_gradients`, `mixed_gradients`, `compare`: the building blocks (also
   used by tests/test_mixed_precision.py).
 - `measure_case`: the benchmark, every method on one `benchmarks.zoo.Case`, at
-  initialisation and after training.
+  initialisation and after training; `measure_named_case` the same by the
+  case's name (for a worker process: cases hold functions made at run time).
 """
 
 from __future__ import annotations
@@ -220,3 +221,11 @@ def measure_case(
                 )
             )
     return results
+
+
+def measure_named_case(
+    name: str, methods: list[common.Method], train_steps: int
+) -> list[Measurement]:
+    """`measure_case` on the `benchmarks.zoo` case called `name`."""
+    (case,) = [c for c in zoo.cases() if c.name == name]
+    return measure_case(case, methods, train_steps)
