@@ -227,12 +227,12 @@ segfault in the C++ exception unwinder) at the 98th training run, twice at the
 same run, which alone and after fewer runs trains normally."""
 
 
-def worker_pool(workers: int = 2) -> futures.ProcessPoolExecutor:
-    """Worker processes for measurements that are not timed (accuracy, gradients).
+def worker_pool(workers: int = 1) -> futures.ProcessPoolExecutor:
+    """Worker processes, spawned (a fresh TensorFlow each) and renewed every
+    `TASKS_PER_PROCESS` tasks; all they compiled is freed when they end.
 
-    Two workers keep both cores of the benchmark machine busy; nothing timed may
-    run beside them. Workers are spawned (a fresh TensorFlow each) and renewed
-    every `TASKS_PER_PROCESS` tasks.
+    One worker by default: TensorFlow already uses both cores of the benchmark
+    machine, and two workers side by side ran each training run twice as slowly.
     """
     spawn = multiprocessing.get_context("spawn")
     return futures.ProcessPoolExecutor(workers, spawn, max_tasks_per_child=TASKS_PER_PROCESS)
