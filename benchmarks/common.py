@@ -233,6 +233,8 @@ def worker_pool(workers: int = 1) -> futures.ProcessPoolExecutor:
 
     One worker by default: TensorFlow already uses both cores of the benchmark
     machine, and two workers side by side ran each training run twice as slowly.
+    Submit one task at a time and wait for it: on Python 3.11, a pool holding
+    queued tasks does not replace a worker that reached its task limit, and hangs.
     """
     spawn = multiprocessing.get_context("spawn")
     return futures.ProcessPoolExecutor(workers, spawn, max_tasks_per_child=TASKS_PER_PROCESS)

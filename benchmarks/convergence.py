@@ -185,41 +185,34 @@ so MNIST trains on 16.
 """
 
 
-def submit(
-    pool: futures.Executor,
+def run_all(
     methods: list[common.Method],
     seeds: list[int],
     epochs: dict[str, int],
+    pool: futures.Executor,
     trace_methods: tuple[str, ...] = ("als_max_safe", "keras_lso"),
+    log: Callable[[str], None] = print,
     more_seeds: dict[str, tuple[int, ...]] | None = None,
-) -> list[futures.Future]:
-    """Hands every task x method x seed to `pool`; scales traced for `trace_methods`
-    on the first seed.
+) -> list[Run]:
+    """Every task x method x seed, each in `pool` (`common.worker_pool()`); scales
+    traced for `trace_methods` on the first seed.
 
     The methods named in `TARGET_METHODS` also train on `more_seeds[task]`:
     the accuracy target compares them paired by seed, which needs more seeds
     than the other baselines' columns.
     """
-    pending = []
+    runs = []
     for task in TASKS:
         for seed in [*seeds, *(more_seeds or {}).get(task.name, ())]:
             for method in methods:
                 if seed not in seeds and method.name not in TARGET_METHODS:
                     continue
                 trace = seed == seeds[0] and method.name in trace_methods
-                pending.append(pool.submit(train, task, method, seed, epochs[task.name], trace))
-    return pending
-
-
-def collect(pending: list[futures.Future], log: Callable[[str], None] = print) -> list[Run]:
-    """The runs `submit` started, in order, each logged as it is taken."""
-    runs = []
-    for done in pending:
-        run = done.result()
-        log(
-            f"  {run.task:10s} {run.method:20s} seed {run.seed}: "
-            f"accuracy {100 * run.accuracy:.2f}%, skipped {run.skipped}/{run.steps}, "
-            f"{run.seconds:.1f}s"
-        )
-        runs.append(run)
+                run = pool.submit(train, task, method, seed, epochs[task.name], trace).result()
+                log(
+                    f"  {task.name:10s} {method.name:20s} seed {seed}: "
+                    f"accuracy {100 * run.accuracy:.2f}%, skipped {run.skipped}/{run.steps}, "
+                    f"{run.seconds:.1f}s"
+                )
+                runs.append(run)
     return runs

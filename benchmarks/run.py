@@ -107,26 +107,28 @@ def run(budget: Budget, quick: bool) -> dict:
     # Fidelity cases and training runs in a worker process (renewed every 20
     # tasks), so that nothing they compiled stays in this one.
     with common.worker_pool() as pool:
-        fidelity_pending = [
-            pool.submit(fidelity.measure_named_case, c.name, methods, budget.fidelity_steps)
-            for c in cases
-        ]
-        convergence_pending = convergence.submit(
-            pool, methods, list(budget.seeds), budget.epochs, more_seeds=budget.more_seeds
-        )
         _log("== Gradient fidelity (per layer, vs float32, same weights and batch)")
         measurements = []
-        for done in fidelity_pending:
-            measurements += done.result()
-            for m in measurements[-2 * (len(methods) - 1) :]:
+        for case in cases:
+            t = time.perf_counter()
+            found = pool.submit(
+                fidelity.measure_named_case, case.name, methods, budget.fidelity_steps
+            ).result()
+            for m in found:
                 _log(
                     f"  {m.case:16s} {m.method:20s} {m.phase:8s} "
                     f"error {report.layer_mean_error(m):.2e} (worst {m.worst_layer_error:.2e}) "
                     f"underflow {m.underflow:.4f} skipped {m.skipped}"
                 )
+            _log(f"  ({case.name}: {time.perf_counter() - t:.0f}s)")
+            measurements += found
+        timings["fidelity"] = time.perf_counter() - start
+        t = time.perf_counter()
         _log("== Convergence on real data")
-        runs = convergence.collect(convergence_pending, _log)
-    timings["fidelity and convergence"] = time.perf_counter() - start
+        runs = convergence.run_all(
+            methods, list(budget.seeds), budget.epochs, pool, log=_log, more_seeds=budget.more_seeds
+        )
+        timings["convergence"] = time.perf_counter() - t
 
     t = time.perf_counter()
     _log("== Step time, interleaved, jit_compile=True")

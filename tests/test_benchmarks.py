@@ -141,3 +141,14 @@ def test_error_and_underflow_definitions():
     assert rows[1][1:] == (0.0, 0.0)
     error, underflow = overall(reference, measured)
     assert math.isclose(error, 2 / math.sqrt(30)) and underflow == 0.25
+
+
+def test_the_worker_pool_renews_its_worker_and_does_not_hang(monkeypatch):
+    import os
+
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "TASKS_PER_PROCESS", 2)
+    with common.worker_pool() as pool:
+        workers = [pool.submit(os.getpid).result(timeout=120) for _ in range(5)]
+    assert len(set(workers)) == 3  # tasks 1-2, 3-4, 5
