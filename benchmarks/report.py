@@ -178,7 +178,7 @@ def target_step_time(timings: list[Timing], sweep: list[Timing], limit: float = 
         growth = "overhead not measurable at the largest sizes" if linear else "growth unknown"
     else:
         linear = exponent <= 1.1
-        growth = f"overhead ~ layers^{exponent:.2f} between the two largest sweeps"
+        growth = f"overhead ~ layers^{exponent:.2f} (fit over the sweep)"
     fast = worst.ratio <= limit
     failures = [f"{t.model}: {t.ratio:.3f}x" for t in ours if t.ratio > limit]
     summary = f"worst ratio {worst.ratio:.3f}x ({worst.model}); {growth}"
