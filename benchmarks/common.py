@@ -240,6 +240,13 @@ def worker_pool(workers: int = 1) -> futures.ProcessPoolExecutor:
     return futures.ProcessPoolExecutor(workers, spawn, max_tasks_per_child=TASKS_PER_PROCESS)
 
 
+def in_fresh_process(function: Callable, *args):
+    """`function(*args)` in a new process, which frees all it compiled when it ends
+    (XLA keeps every executable it compiled for as long as its process lives)."""
+    with worker_pool(1) as pool:
+        return pool.submit(function, *args).result()
+
+
 def set_seed(seed: int) -> None:
     """Seeds Python, NumPy and TensorFlow through Keras."""
     keras.utils.set_random_seed(seed)

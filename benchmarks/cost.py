@@ -149,7 +149,7 @@ def interleaved(
 ) -> list[Timing]:
     """Times keras_als (max_safe, and `extra` variants) against Keras LSO, interleaved.
 
-    Runs in the calling process; `in_fresh_process` runs it in a new one.
+    Runs in the calling process; `common.in_fresh_process` runs it in a new one.
 
     Args:
         name: The model (see `model_named`).
@@ -178,9 +178,7 @@ def interleaved(
             steps.append((method.name, common.compiled_step(model, optimizer, loss_for(y, model))))
     x, y = tf.constant(x), tf.constant(y)
     for _, step in steps:
-        step.get_concrete_function(x, y)  # trace, one at a time
-    for _, step in steps:
-        _time_block(step, x, y, 3)  # compile, settle
+        _time_block(step, x, y, 3)  # trace, compile, settle
     order = random.Random(0)
     times = [[] for _ in steps]  # per instance, one time per round
     for _ in range(blocks):
@@ -209,18 +207,6 @@ def interleaved(
     ]
 
 
-def in_fresh_process(
-    name: str,
-    blocks: int,
-    steps_per_block: int,
-    extra: tuple[common.Method, ...] = (),
-    instances: int = 3,
-) -> list[Timing]:
-    """`interleaved(...)` in a new process, which frees all it compiled when it ends."""
-    with common.worker_pool(1) as pool:
-        return pool.submit(interleaved, name, blocks, steps_per_block, extra, instances).result()
-
-
 def layer_sweep(
     sizes: tuple[tuple[int, int], ...],
     blocks: int,
@@ -238,7 +224,9 @@ def layer_sweep(
     results = []
     for layers, instances in sizes:
         start = time.perf_counter()
-        (timing,) = in_fresh_process(f"mlp_{layers}", blocks, steps_per_block, (), instances)
+        (timing,) = common.in_fresh_process(
+            interleaved, f"mlp_{layers}", blocks, steps_per_block, (), instances
+        )
         log(_line(timing) + f" [{time.perf_counter() - start:.0f}s]")
         results.append(timing)
     return results
@@ -287,7 +275,9 @@ def run_all(
             continue
         start = time.perf_counter()
         extra = BREAKDOWN if breakdown else ()
-        timings = in_fresh_process(name, blocks, steps_per_block, extra, instances)
+        timings = common.in_fresh_process(
+            interleaved, name, blocks, steps_per_block, extra, instances
+        )
         for timing in timings:
             log(_line(timing))
         log(f"  ({name}: {time.perf_counter() - start:.0f}s)")
