@@ -85,8 +85,8 @@ def test_wrap_model_keeps_input_names_and_wraps_weights_and_joins_only():
     kinds = [type(layer).__name__ for layer in wrapped.layers]
     # Four layers with weights, and the Concatenate that joins two branches.
     assert kinds.count("AdaptiveScaled") == 5
-    joins = [l.layer for l in wrapped.layers if isinstance(l, keras_als.AdaptiveScaled)]
-    assert [type(l).__name__ for l in joins if not l.weights] == ["Concatenate"]
+    joins = [w.layer for w in wrapped.layers if isinstance(w, keras_als.AdaptiveScaled)]
+    assert [type(j).__name__ for j in joins if not j.weights] == ["Concatenate"]
     assert wrapped.layers[0].name == model.layers[0].name
 
 
@@ -94,7 +94,7 @@ def test_a_weightless_layer_on_one_tensor_stays_unwrapped():
     inputs = keras.Input((4,))
     hidden = layers.Activation("relu")(layers.Dense(4)(inputs))
     wrapped = keras_als.wrap_model(keras.Model(inputs, layers.Dropout(0.1)(hidden)))
-    assert [type(l).__name__ for l in wrapped.layers] == [
+    assert [type(w).__name__ for w in wrapped.layers] == [
         "InputLayer",
         "AdaptiveScaled",
         "Activation",
