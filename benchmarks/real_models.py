@@ -10,7 +10,13 @@ benchmark's real-model section build them from here.
 under mixed_float16 with XLA, with Keras's `LossScaleOptimizer` and with
 keras_als on the same weights and batches, and prints the skipped steps (in the
 first 50 steps and after), compile time and step time of keras_als over Keras's
-(interleaved, median of many steps).
+(interleaved, median of many steps) and XLA step memory (each configuration in
+a fresh process, see `benchmarks.memory`). It writes
+benchmarks/results/real_models.json and .md.
+
+Targets (issue 12): skipped steps in the first 50 at most Keras's, and at most
+1 per 1000 after; step time <= 1.03x, compile time <= 1.25x and XLA step memory
+<= 1.05x Keras's.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -28,6 +37,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_als  # noqa: E402
+from benchmarks import memory  # noqa: E402
 
 BATCH = 8
 SEQUENCE = 16
@@ -177,12 +187,77 @@ def timing(name: str, rounds: int = 30, seed: int = 0) -> dict:
     }
 
 
+def memory_of(name: str, method: str) -> dict:
+    """XLA step memory and peak RSS of one configuration, in a fresh process."""
+    command = [sys.executable, "-m", "benchmarks.real_models", "--probe", name, method]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"memory probe {name} {method} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def _probe(name: str, method: str) -> None:
+    """Subprocess entry: five XLA steps, then one JSON line of memory figures."""
+    with tempfile.TemporaryDirectory(prefix="keras_als_xla_") as dump:
+        os.environ["XLA_FLAGS"] = (
+            f"--xla_dump_to={dump} --xla_dump_hlo_as_text "
+            "--xla_dump_hlo_module_re=.*one_step_on_data.*"
+        )
+        model, _ = build(name, method)
+        x, y = data(name, 1)
+        before = memory.high_water_mb()
+        for _ in range(5):
+            model.train_on_batch(x, y)
+        peak = memory.high_water_mb()
+        xla_bytes = memory.xla_total(dump, "one_step_on_data")
+    print(json.dumps({"xla_bytes": xla_bytes, "peak_rss_mb": peak, "before_mb": before}))
+
+
+def verdicts(row: dict, steps: int) -> dict:
+    """PASS/FAIL per target for one model's row."""
+    after = max(steps - 50, 1)
+    return {
+        "skips_first_50": row["keras_als"]["first_50"] <= row["keras"]["first_50"],
+        "skips_after_50": row["keras_als"]["after_50"] <= max(1, after // 1000),
+        "step_time": row["step_ratio"] <= 1.03,
+        "compile_time": row["compile_ratio"] <= 1.25,
+        "memory": row["memory_ratio"] <= 1.05,
+    }
+
+
+def markdown(results: dict) -> str:
+    """The real-model table of RESULTS.md."""
+    steps = results["steps"]
+    lines = [
+        f"mixed_float16, XLA, Adam 1e-3, batch {results['batch']}, {steps} steps, same "
+        "weights and batches for both optimizers (`python -m benchmarks.real_models`).",
+        "",
+        "| model | skipped in first 50 (Keras / keras_als) | skipped after (Keras / keras_als) "
+        "| step time | compile time | XLA step memory | targets missed |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in results["models"].items():
+        missed = [k for k, ok in verdicts(row, steps).items() if not ok]
+        lines.append(
+            f"| {name} | {row['keras']['first_50']} / {row['keras_als']['first_50']} "
+            f"| {row['keras']['after_50']} / {row['keras_als']['after_50']} "
+            f"| {row['step_ratio']:.3f}x | {row['compile_ratio']:.3f}x "
+            f"| {row['memory_ratio']:.3f}x | {', '.join(missed) or 'none'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--out", default="benchmarks/results/real_models.json")
+    parser.add_argument("--out", default="benchmarks/results/real_models")
+    parser.add_argument("--probe", nargs=2, metavar=("MODEL", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.probe:
+        _probe(*args.probe)
+        return
     rows = {}
     for name in args.models.split(","):
         row = {}
@@ -193,17 +268,25 @@ def main(argv=None) -> None:
             row[method] = {"first_50": first, "after_50": trace[-1] - first}
         keras.utils.clear_session()
         row.update(timing(name))
+        used = {method: memory_of(name, method) for method in ("keras", "keras_als")}
+        row["memory"] = used
+        row["memory_ratio"] = used["keras_als"]["xla_bytes"] / used["keras"]["xla_bytes"]
         rows[name] = row
+        missed = [k for k, ok in verdicts(row, args.steps).items() if not ok]
         print(
             f"{name:14s} skipped in first 50: keras {row['keras']['first_50']:3d}, "
             f"keras_als {row['keras_als']['first_50']:3d}; after: keras "
             f"{row['keras']['after_50']}, keras_als {row['keras_als']['after_50']} "
             f"(of {args.steps - 50}); step time {row['step_ratio']:.3f}x, "
-            f"compile time {row['compile_ratio']:.3f}x",
+            f"compile time {row['compile_ratio']:.3f}x, XLA step memory "
+            f"{row['memory_ratio']:.3f}x; missed: {', '.join(missed) or 'none'}",
             flush=True,
         )
-    with open(args.out, "w") as f:
-        json.dump({"steps": args.steps, "batch": BATCH, "models": rows}, f, indent=1)
+    results = {"steps": args.steps, "batch": BATCH, "models": rows}
+    with open(args.out + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    with open(args.out + ".md", "w") as f:
+        f.write(markdown(results))
 
 
 if __name__ == "__main__":

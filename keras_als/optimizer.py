@@ -44,9 +44,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     and no inner optimizer slot) if any gradient is not finite, and asks the
     `policy` for the next scales from what this step measured.
 
-    With float32 compute the result equals training without scaling exactly:
-    scales are powers of two. Without a traced graph (`run_eagerly=True`) it
-    behaves like `keras.optimizers.LossScaleOptimizer` and warns once.
+    On a skipped step every component the overflow reached backs off, and a
+    component whose measured scale overflowed gains headroom for the spikes
+    it met (see `keras_als.policies`); a loss that is not finite moves no
+    scale. With float32 compute the chosen scales and scale 1 train to
+    bit-identical weights: scales are powers of two. Without a traced graph
+    (`run_eagerly=True`) it behaves like `keras.optimizers.LossScaleOptimizer`
+    and warns once.
 
     Args:
         inner_optimizer: The `keras.optimizers.Optimizer` that applies updates.
