@@ -1,7 +1,8 @@
 """The scale boundary: an identity whose gradient is multiplied by a ratio.
 
-`insert(owner, tensors)` places one boundary on the floating-point tensors a
-wrapped layer receives. Forward, it is an identity. Backward, its gradient
+`insert(owner, tensors)` places one boundary on floating-point tensors a
+wrapped layer receives (`AdaptiveScaled` places one per input, since inputs
+from different regions need different ratios). Forward, it is an identity. Backward, its gradient
 function hands the gradient arriving from the layer to the plan's `crossings`
 (which reduce it for the statistics on the steps that measure) and multiplies
 it by `ratio`, a power of two that the optimizer's plan sets before backprop

@@ -342,6 +342,12 @@ def headroom_at(headroom: Headroom, step: tf.Tensor) -> tf.Tensor:
     """The headroom left at `step`, per component:
 
     max(0, binades - floor((step - since) / HEADROOM_DECAY_STEPS))
+
+    Example:
+
+    >>> h = Headroom(binades=np.array([4.0], np.float32), since=np.array([100.0], np.float32))
+    >>> headroom_at(h, 1099.0).numpy(), headroom_at(h, 1100.0).numpy()
+    (array([4.], dtype=float32), array([3.], dtype=float32))
     """
     binades = tf.convert_to_tensor(headroom.binades, tf.float32)
     elapsed = tf.cast(step, tf.float32) - tf.convert_to_tensor(headroom.since, tf.float32)

@@ -74,8 +74,12 @@ class AdaptiveScaled(keras.layers.Wrapper):
         if floating:
             # Cast as the layer would, before the boundary: the gradient of that
             # cast then rounds to float16 at the upstream scale, not at the layer's.
-            cast = [self._as_layer_input(flat[i]) for i in floating]
-            crossed = _boundary.insert(self, cast, upstream=[flat[i] for i in floating])
+            # One boundary per input: inputs from different regions (the two
+            # branches of an Add) keep their own scales upstream.
+            crossed = [
+                _boundary.insert(self, [self._as_layer_input(flat[i])], upstream=[flat[i]])[0]
+                for i in floating
+            ]
             for i, x in zip(floating, crossed):
                 mask = get_keras_mask(flat[i])
                 if mask is not None:
