@@ -26,6 +26,8 @@ class Boundary:
     Attributes:
         owner: The `AdaptiveScaled` layer that placed it.
         inputs: Tensors entering the boundary (upstream side).
+        limit: The largest finite value of the upstream gradient's dtype (its
+            gradient is cast back to the dtype of `upstream` in `insert`).
         outputs: Tensors leaving it (the wrapped layer's side).
         ratio: Scalar float32 multiplier for the gradient, set by the plan; None
             leaves the gradient unchanged.
@@ -34,9 +36,10 @@ class Boundary:
             before the multiply; None: nobody measures it.
     """
 
-    def __init__(self, owner, inputs):
+    def __init__(self, owner, inputs, limit):
         self.owner = owner
         self.inputs = tuple(inputs)
+        self.limit = limit
         self.outputs: tuple = ()
         self.ratio: tf.Tensor | None = None
         self.crossings = None
@@ -66,19 +69,22 @@ def recorded(graph) -> list[Boundary]:
         return list(_recorded.get(graph, ()))
 
 
-def insert(owner, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+def insert(owner, tensors: list[tf.Tensor], upstream: list[tf.Tensor] | None = None):
     """Passes `tensors` through one boundary and records it for the plan.
 
     Args:
         owner: The layer placing the boundary.
         tensors: Floating-point tensors (at least one).
+        upstream: The tensors `tensors` were cast from, if any: the gradient
+            upstream of the boundary takes their dtypes.
 
     Returns:
         Tensors equal to `tensors`, whose gradients cross the boundary.
     """
     if not tensors or not tf.inside_function():
         return list(tensors)
-    boundary = Boundary(owner, tensors)
+    limit = min(t.dtype.max for t in (upstream or tensors))
+    boundary = Boundary(owner, tensors, limit)
 
     @tf.custom_gradient
     def identity(*xs):

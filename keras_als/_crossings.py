@@ -2,10 +2,11 @@
 
 On the steps that measure, the statistics need each boundary's crossing
 gradient reduced to its largest absolute value and mean square (and, for the
-telemetry, its count of zeros). Those reductions run in conditional branches
-taken only on measuring steps. One branch per boundary costs the compiled step
-one conditional per wrapped layer; one branch for all, after backprop, keeps
-every crossing gradient alive until then. `Crossings` takes the middle way:
+telemetry, its counts of exact zeros and of float16 subnormals). Those
+reductions run in conditional branches taken only on measuring steps. One
+branch per boundary costs the compiled step one conditional per wrapped layer;
+one branch for all, after backprop, keeps every crossing gradient alive until
+then. `Crossings` takes the middle way:
 gradients wait as they arrive, and the waiting ones are reduced together in
 one branch as soon as they hold `WAITING_BYTES` or more, which bounds the
 memory they keep alive; `finish` reduces the last ones.
@@ -18,7 +19,7 @@ import math
 
 import tensorflow as tf
 
-from keras_als._statistics import amax, mean_square, values_of, zeros
+from keras_als._statistics import amax, mean_square, subnormals, values_of, zeros
 
 WAITING_BYTES = 64 * 1024
 """Crossing gradients kept alive at most (plus the one that arrived last)."""
@@ -32,6 +33,7 @@ class Reduced:
     amax: tf.Tensor  # largest absolute value; inf if a value was not finite
     mean_square: tf.Tensor
     zeros: tf.Tensor | None = None  # exact zeros (None unless counted)
+    subnormals: tf.Tensor | None = None  # non-zero float16 values below 2**-14
     size: tf.Tensor | None = None  # values
 
 
@@ -43,7 +45,7 @@ class Crossings:
             not part of its plan and are ignored.
         measuring: Scalar bool tensor: reduce only when it is true (else every
             reduction reads 0). None: every step.
-        count_zeros: Whether to count exact zeros too.
+        count_zeros: Whether to count exact zeros and float16 subnormals too.
     """
 
     def __init__(self, graph, measuring: tf.Tensor | None, count_zeros: bool):
@@ -69,7 +71,7 @@ class Crossings:
         waiting, self._waiting, self._waiting_bytes = self._waiting, [], 0
         if not waiting:
             return
-        per_boundary = 4 if self.count_zeros else 2
+        per_boundary = 5 if self.count_zeros else 2
 
         def reduce():
             values = []
@@ -79,6 +81,7 @@ class Crossings:
                 if self.count_zeros:
                     counts = [zeros(g) for g in gradients]
                     values.append(tf.add_n([c[0] for c in counts]))
+                    values.append(tf.add_n([_float16_subnormals(g) for g in gradients]))
                     values.append(tf.add_n([c[1] for c in counts]))
             return tuple(values)
 
@@ -89,6 +92,13 @@ class Crossings:
             values = tf.cond(self.measuring, reduce, lambda: nothing)
         for k, (boundary, _) in enumerate(waiting):
             self.reduced[id(boundary)] = Reduced(*values[per_boundary * k : per_boundary * (k + 1)])
+
+
+def _float16_subnormals(gradient) -> tf.Tensor:
+    """Subnormals of a float16 gradient; none in a float32 one, which cannot underflow there."""
+    if values_of(gradient).dtype != tf.float16:
+        return tf.constant(0.0)
+    return subnormals(gradient)
 
 
 def _bytes(tensor) -> int:

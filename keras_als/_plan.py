@@ -62,6 +62,7 @@ class Plan:
     sides: dict[int, tuple[int, int]]  # id(boundary) -> (input side, output side)
     loss_component: int
     built: bool  # scale variables existed when the plan was made
+    loss_finite: tf.Tensor | None = None  # bool: the loss (forward pass) was finite
     measuring: tf.Tensor | None = None  # bool: this step measures; None: every step does
     crossings: _crossings.Crossings | None = None  # reductions of the boundaries' gradients
 
@@ -259,6 +260,7 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
         sides,
         final[loss_component],
         optimizer.built,
+        loss_finite=tf.reduce_all(tf.math.is_finite(loss)),
     )
 
 

@@ -5,8 +5,8 @@ the largest value, mean square and overflow origin of each component, from
 the weight gradients and from the gradients that crossed the boundaries.
 All of it is computed where the optimizer applies the step, inside the one
 branch that runs on the steps that measure.
-`agree_across_replicas` and `finite_on_every_replica` make every replica
-decide alike; `zero_shares` measures underflow for the telemetry.
+`agree_across_replicas` and `reached_on_any_replica` make every replica
+decide alike; `underflow_shares` measures underflow for the telemetry.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     pruned from the traced graph, so they cost nothing.
     """
     crossed = plan.crossings.reduced
-    amaxes, mean_squares, overflow, silent = [], [], [], []
+    amaxes, mean_squares, overflow, silent, flushed = [], [], [], [], []
     for i, component in enumerate(plan.components):
         scale = plan.scales[i]
         seen = list(weight_amax[i])
-        incoming_finite, incoming_amax = [], []
+        incoming_finite, incoming_amax, lost = [], [], []
         for b in component.inside:
             if id(b) in crossed:
                 seen.append(crossed[id(b)].amax)
@@ -38,10 +38,12 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
             if id(b) in crossed and other != i:
                 arrived = crossed[id(b)].amax
                 post = arrived * (scale / plan.scales[other])  # at this component's scale
-                limit = b.inputs[0].dtype.max
+                limit = b.limit
                 seen.append(tf.where(post > limit, float("inf"), post))
                 incoming_finite.append(tf.math.is_finite(arrived))
                 incoming_amax.append(arrived)
+                if limit <= policies.FLOAT16_MAX:  # rounds to float16 here
+                    lost.append(tf.logical_and(arrived > 0, post < policies.FLOAT16_TINY / 2))
         component_amax = tf.reduce_max(tf.stack(seen)) / scale if seen else tf.constant(0.0)
         squares = [crossed[id(b)].mean_square for b in component.inside if id(b) in crossed] or [
             mean_square(g) for g in weight_grads[i]
@@ -56,6 +58,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
         mean_squares.append(component_square)
         started_here = tf.logical_not(tf.math.is_finite(component_amax))
         overflow.append(tf.logical_and(started_here, came_in_finite))
+        flushed.append(tf.reduce_any(tf.stack(lost)) if lost else tf.constant(False))
         silent.append(
             tf.reduce_max(tf.stack(incoming_amax)) == 0 if incoming_amax else tf.constant(False)
         )
@@ -66,30 +69,50 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
         silent=tf.stack(silent),
         downstream=plan.downstream(),
         names=tuple(c.name for c in plan.components),
+        flushed=tf.stack(flushed),
     )
 
 
-def zero_shares(plan, weight_grads) -> tf.Tensor:
-    """Per component, the share of exactly-zero values in its gradients.
+def underflow_shares(plan, weight_grads, float16) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per component, the shares of float16 subnormals and of exact zeros.
 
     The layers' input gradients (at the boundaries) and weight gradients
-    count; underflow shows as zeros, so this bounds the underflow rate from
-    above (true zeros, such as those of dead ReLU units, count too).
+    count. A *subnormal* is a non-zero float16 value below `2**-14`, the
+    smallest normal: it has already lost precision, and it is where underflow
+    starts, so its share is the underflow that scaling causes or could cause.
+    Exact zeros are reported apart: most are true zeros (dead ReLU units,
+    anchors that hard negative mining leaves out), which float32 has as well.
+    Only gradients computed in float16 count towards subnormals.
+
+    Args:
+        plan: The step's plan, its crossings finished.
+        weight_grads: Per component, the weight gradients (at its scale).
+        float16: Per component, for each weight gradient, whether it was
+            computed in float16.
+
+    Returns:
+        `(subnormal_share, zero_share)`, float32 vectors with one entry per component.
     """
-    shares = []
+    subnormal_shares, zero_shares = [], []
     crossed = plan.crossings.reduced
     for i, component in enumerate(plan.components):
-        counts = [zeros(g) for g in weight_grads[i]]
+        counts = []
+        for g, half in zip(weight_grads[i], float16[i]):
+            zero, size = zeros(g)
+            counts.append((zero, subnormals(g) if half else tf.constant(0.0), size))
         counts += [
-            (crossed[id(b)].zeros, crossed[id(b)].size)
+            (crossed[id(b)].zeros, crossed[id(b)].subnormals, crossed[id(b)].size)
             for b in component.inside
             if id(b) in crossed and crossed[id(b)].zeros is not None
         ]
         if counts:
-            shares.append(tf.add_n([c[0] for c in counts]) / tf.add_n([c[1] for c in counts]))
+            size = tf.maximum(tf.add_n([c[2] for c in counts]), 1.0)
+            zero_shares.append(tf.add_n([c[0] for c in counts]) / size)
+            subnormal_shares.append(tf.add_n([c[1] for c in counts]) / size)
         else:
-            shares.append(tf.constant(0.0))
-    return tf.stack(shares)
+            zero_shares.append(tf.constant(0.0))
+            subnormal_shares.append(tf.constant(0.0))
+    return tf.stack(subnormal_shares), tf.stack(zero_shares)
 
 
 def values_of(tensor):
@@ -116,6 +139,18 @@ def zeros(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     tensor = values_of(tensor)
     count = tf.reduce_sum(tf.cast(tf.equal(tensor, 0), tf.float32))
     return count, tf.cast(tf.size(tensor), tf.float32)
+
+
+def subnormals(tensor) -> tf.Tensor:
+    """Number of non-zero values below float16's smallest normal (`2**-14`), as float32.
+
+    For a float32 tensor that holds a float16 result (a weight gradient cast
+    back to its float32 variable) the count is the same as in float16.
+    """
+    tensor = values_of(tensor)
+    magnitude = tf.abs(tensor)
+    tiny = tf.logical_and(magnitude > 0, magnitude < tf.cast(2.0**-14, tensor.dtype))
+    return tf.reduce_sum(tf.cast(tiny, tf.float32))
 
 
 def measure_if(measuring, plan, weight_amax, weight_grads) -> policies.Statistics:
@@ -164,16 +199,12 @@ def agree_across_replicas(statistics: policies.Statistics) -> policies.Statistic
     )
 
 
-def finite_on_every_replica(finite: tf.Tensor) -> tf.Tensor:
-    """True if `finite` holds on every replica, so all skip or apply alike.
-
-    The all-reduced gradient (a sum) is finite exactly when every replica's
-    gradient is, so skipping on this flag is skipping on the all-reduced
-    gradients.
-    """
+def reached_on_any_replica(reached: tf.Tensor) -> tf.Tensor:
+    """Per component, True if an overflow reached it on any replica, so all
+    replicas skip the same steps and back off the same scales."""
     if not several_replicas():
-        return finite
+        return reached
     flags = tf.distribute.get_replica_context().all_gather(
-        tf.reshape(tf.cast(finite, tf.float32), [1]), axis=0
+        tf.cast(reached, tf.float32)[None], axis=0
     )
-    return tf.reduce_min(flags) > 0
+    return tf.reduce_max(flags, axis=0) > 0

@@ -12,21 +12,24 @@ from keras_als.optimizer import AdaptiveLossScaleOptimizer
 class ScaleMonitor(keras.callbacks.Callback):
     """Shows what adaptive loss scaling does, while `fit` runs.
 
-    Every batch it adds `scale_min`, `scale_max` and `skipped_steps` to the
-    logs, so the progress bar shows them (read every `every_n_steps` batches,
-    so that reading costs little). Every `every_n_steps` batches it
-    records, per wrapped layer and for the loss, the scale, the estimated
-    underflow rate and the count of overflows that started there, in
-    `self.history` (keys `"step"`, `"scale/<layer>"`, `"underflow/<layer>"`,
-    `"overflows/<layer>"`) and, with `log_dir`, as TensorBoard scalars of the
-    same names. At the end of each epoch the per-layer values join the logs,
-    so `keras.callbacks.History` keeps them too.
+    Every batch it adds `scale_min`, `scale_max`, `skipped_steps` and
+    `recent_skip_rate` to the logs, so the progress bar shows them (read every
+    `every_n_steps` batches, so that reading costs little). Every
+    `every_n_steps` batches it records, per wrapped layer and for the loss,
+    the scale, the underflow rate (share of float16 subnormals), the share of
+    exact zeros, the headroom learned from overflows and the count of
+    overflows that started there, in `self.history` (keys `"step"`,
+    `"scale/<layer>"`, `"underflow/<layer>"`, `"zeros/<layer>"`,
+    `"headroom/<layer>"`, `"overflows/<layer>"`) and, with `log_dir`, as
+    TensorBoard scalars of the same names. At the end of each epoch the
+    per-layer values join the logs, so `keras.callbacks.History` keeps them
+    too. When the scaling looks stuck (many skipped steps) it warns once, with
+    the layers where the overflows started (see `optimizer.telemetry()`).
 
     It reads values the optimizer already keeps (a few scalars per layer), and
-    turns on the optimizer's underflow estimate: the share of exactly-zero
-    gradient values per layer, counted in the training step whenever it
-    measures the scales (every `measure_every_n_steps` steps of the optimizer),
-    so the recorded underflow is the latest such count.
+    turns on the optimizer's underflow counts, taken in the training step
+    whenever it measures the scales (every `measure_every_n_steps` steps of
+    the optimizer), so the recorded rates are the latest such counts.
 
     Args:
         log_dir: Folder for TensorBoard event files, or None.
@@ -85,6 +88,7 @@ class ScaleMonitor(keras.callbacks.Callback):
                 "scale_min": min(scales),
                 "scale_max": max(scales),
                 "skipped_steps": telemetry["skipped_steps"],
+                "recent_skip_rate": telemetry["recent_skip_rate"],
             }
             if self._step % self.every_n_steps == 0:
                 self._record(telemetry)
@@ -125,5 +129,7 @@ def _per_layer(telemetry) -> dict[str, float]:
     for name in telemetry["scale"]:
         values[f"scale/{name}"] = telemetry["scale"][name]
         values[f"underflow/{name}"] = telemetry["underflow_rate"][name]
+        values[f"zeros/{name}"] = telemetry["zero_rate"][name]
+        values[f"headroom/{name}"] = telemetry["headroom"][name]
         values[f"overflows/{name}"] = telemetry["overflows"][name]
     return values

@@ -9,9 +9,12 @@ import weakref
 
 import keras
 import tensorflow as tf
-from keras.src.utils import tracking
 
 from keras_als import _forward_state, _plan, _statistics, policies
+from keras_als._keras_private import (
+    no_automatic_dependency_tracking,
+    strategy_supports_no_merge_call,
+)
 
 _OWNER = "_keras_als_owner"
 
@@ -42,9 +45,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     and no inner optimizer slot) if any gradient is not finite, and asks the
     `policy` for the next scales from what this step measured.
 
-    With float32 compute the result equals training without scaling exactly:
-    scales are powers of two. Without a traced graph (`run_eagerly=True`) it
-    behaves like `keras.optimizers.LossScaleOptimizer` and warns once.
+    On a skipped step every component the overflow reached backs off, and a
+    component whose measured scale overflowed gains headroom for the spikes
+    it met (see `keras_als.policies`); a loss that is not finite moves no
+    scale. With float32 compute the chosen scales and scale 1 train to
+    bit-identical weights: scales are powers of two. Without a traced graph
+    (`run_eagerly=True`) it behaves like `keras.optimizers.LossScaleOptimizer`
+    and warns once.
 
     Args:
         inner_optimizer: The `keras.optimizers.Optimizer` that applies updates.
@@ -121,8 +128,9 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.measure_every_n_steps = measure_every_n_steps
         self.estimate_underflow = False  # count zeros when measuring (ScaleMonitor sets it)
         self._warned_eager = False
+        self._warned_stuck = False
 
-    @tracking.no_automatic_dependency_tracking
+    @no_automatic_dependency_tracking
     def build(self, var_list):
         owners = []
         for v in var_list:
@@ -148,8 +156,18 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._layer_scales = state("layer_scales", shape=(len(owners),))
         self.skipped_steps = state("skipped_steps", "int", 0)
         slots = len(self._scale_names) + 1  # the loss's, then each layer's
+        # What overflows taught each scale (policies.Headroom), and whether it
+        # was ever chosen from a measurement (1) or is still the first guess (0).
+        self.headroom = state("headroom", "float32", 0.0, shape=(slots,))
+        self.headroom_since = state("headroom_since", "float32", 0.0, shape=(slots,))
+        self.measured = state("measured", "int", 0, shape=(slots,))
+        # Telemetry: where overflows started and when; the recent skips.
         self.overflow_counts = state("overflow_counts", "int", 0, shape=(slots,))
+        self.last_overflow_step = state("last_overflow_step", "float32", -1.0, shape=(slots,))
         self.underflow_rates = state("underflow_rates", "float32", 0.0, shape=(slots,))
+        self.zero_rates = state("zero_rates", "float32", 0.0, shape=(slots,))
+        self.recent_skips = state("recent_skips", "int", 0, shape=(SKIP_WINDOW,))
+        self.skipped_in_a_row = state("skipped_in_a_row", "int", 0)
         # LossScaleOptimizer's own state, with the aggregation above. Here
         # `step_counter` counts finite steps since the boundaries last measured.
         self.step_counter = state("step_counter", "int", 0)
@@ -296,56 +314,122 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._apply_planned(plan, list(grads), variables)
 
     def _apply_planned(self, plan, grads, variables):
-        weight_grads = [[] for _ in plan.components]
-        unscaled = []
-        for g, v in zip(grads, variables):
-            if g is None or self._overwrite_variable_with_gradient(v):
-                unscaled.append(g)
-                continue
-            i = plan.index_of(v)
-            weight_grads[i].append(g)
-            unscaled.append(_divide(g, plan.scales[i]))
+        """One step: unscale, apply or skip, learn from an overflow, measure, choose scales."""
+        weight_grads, float16, unscaled = _group_and_unscale(plan, grads, variables, self)
         weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
-        all_weight_amax = [a for group in weight_amax for a in group]
-        finite = (
-            tf.reduce_all(tf.math.is_finite(tf.stack(all_weight_amax)))
-            if all_weight_amax
-            else tf.constant(True)
+        # Non-finite weight gradients mark the components an overflow reached:
+        # where it started and every component upstream of it. With a loss that
+        # is not finite, the forward pass (the data) is to blame, not the scales.
+        # On measuring steps the gradients entering each component's wrapped
+        # layers are reduced too (else they read 0): a non-finite one counts.
+        crossed = {}
+        if plan.crossings is not None:
+            plan.crossings.finish()  # the boundaries' gradients that still wait
+            crossed = plan.crossings.reduced
+        not_finite = tf.stack(
+            [
+                _not_finite(group + [crossed[id(b)].amax for b in c.inside if id(b) in crossed])
+                for group, c in zip(weight_amax, plan.components)
+            ]
         )
-        finite = _statistics.finite_on_every_replica(finite)
-        self._apply_if_finite(finite, unscaled, variables)
+        finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
+        reached = _statistics.reached_on_any_replica(tf.logical_and(not_finite, plan.loss_finite))
+        steps = self.iterations + tf.cast(self.skipped_steps, self.iterations.dtype)
+        step = tf.cast(steps, "float32")
+
+        def learn():
+            self._learn_from_overflow(plan, reached, step)
+
+        self._apply_if_finite(
+            finite, unscaled, variables, step, on_skip=learn if plan.built else None
+        )
         _forward_state.restore_unless(finite)
         if not plan.built:
             return
-        plan.crossings.finish()  # the boundaries' gradients that still wait
 
         def measured():
             statistics = _statistics.measure(plan, weight_amax, weight_grads)
             return _statistics.agree_across_replicas(statistics)
 
         def update_scales(statistics):
-            new = policies.next_scale(self.policy, statistics, plan.scales)
+            headroom = policies.headroom_at(
+                policies.Headroom(
+                    self._per_component(plan, self.headroom),
+                    self._per_component(plan, self.headroom_since),
+                ),
+                step,
+            )
+            new = policies.next_scale(self.policy, statistics, plan.scales, headroom)
+            if _statistics.several_replicas():  # this branch runs on skipped steps too
+                new = tf.where(finite, new, self._per_component(plan, self.slot_scales()))
             self._assign_scales(plan, new)
-            self._record_telemetry(plan, statistics, weight_grads)
+            informed = tf.logical_and(
+                tf.math.is_finite(statistics.amax), tf.logical_not(statistics.silent)
+            )
+            was = self._per_component(plan, self.measured)
+            self._write(plan, self.measured, tf.where(informed, tf.ones_like(was), was))
+            if self.estimate_underflow:
+                self._record_underflow(plan, statistics, weight_grads, float16)
             return _moved_far(plan.scales, new)
 
-        if plan.measuring is None:
-            update_scales(measured())
-            return
+        measuring = finite if plan.measuring is None else tf.logical_and(plan.measuring, finite)
         if _statistics.several_replicas():
             # Replicas can neither gather nor assign inside a cond: only the
             # reductions are conditional, the rest keeps every scale when not measuring.
-            statistics = _statistics.measure_if(plan.measuring, plan, weight_amax, weight_grads)
+            statistics = _statistics.measure_if(measuring, plan, weight_amax, weight_grads)
             unsettled = update_scales(_statistics.agree_across_replicas(statistics))
         else:  # steps that do not measure keep every scale, at the cost of one branch
             unsettled = tf.cond(
-                plan.measuring, lambda: update_scales(measured()), lambda: tf.constant(False)
+                measuring, lambda: update_scales(measured()), lambda: tf.constant(False)
             )
+        if plan.measuring is None:
+            return
         # Measure again on the next step after a skipped step or while scales
         # move far (they are still settling); else in n steps.
         counted = (self.step_counter + 1) % self.measure_every_n_steps
         again = tf.logical_or(tf.logical_not(finite), unsettled)
         self.step_counter.assign(tf.where(again, tf.zeros_like(counted), counted))
+
+    def _learn_from_overflow(self, plan, reached, step):
+        """On a skipped step: every component the overflow reached backs off, and
+        those whose scale was measured gain headroom; telemetry notes the origin."""
+        scales = policies.power_of_two_floor(
+            tf.where(reached, plan.scales * policies.BACKOFF, plan.scales)
+        )
+        self._assign_scales(plan, scales)
+        measured = self._per_component(plan, self.measured) > 0
+        headroom = policies.after_overflow(
+            policies.Headroom(
+                self._per_component(plan, self.headroom),
+                self._per_component(plan, self.headroom_since),
+            ),
+            tf.logical_and(reached, measured),
+            step,
+        )
+        self._write(plan, self.headroom, headroom.binades)
+        self._write(plan, self.headroom_since, headroom.since)
+        # Where it started: reached, and no component downstream of it was.
+        downstream = _downstream_matrix(plan)
+        reached_below = tf.linalg.matvec(downstream, tf.cast(reached, tf.float32)) > 0
+        origin = tf.logical_and(reached, tf.logical_not(reached_below))
+        counts = self._per_component(plan, self.overflow_counts)
+        self._write(plan, self.overflow_counts, counts + tf.cast(origin, counts.dtype))
+        last = self._per_component(plan, self.last_overflow_step)
+        now = tf.fill(tf.shape(last), step)
+        self._write(plan, self.last_overflow_step, tf.where(origin, now, last))
+
+    def _per_component(self, plan, values) -> tf.Tensor:
+        """Each component's entry of a per-slot vector (its own slot's)."""
+        return tf.gather(tf.convert_to_tensor(values), [c.slot for c in plan.components])
+
+    def _write(self, plan, variable, per_component) -> None:
+        """Writes each component's value into every slot of `variable` it holds."""
+        slots, components = _slots_of(plan)
+        variable.assign(
+            tf.tensor_scatter_nd_update(
+                tf.convert_to_tensor(variable), slots, tf.gather(per_component, components)
+            )
+        )
 
     def _assign_scales(self, plan, new):
         """Writes the new scale of every component into each of its slots."""
@@ -354,36 +438,61 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.dynamic_scale.assign(updated[0])
         self._layer_scales.assign(updated[1:])
 
-    def _record_telemetry(self, plan, statistics, weight_grads):
-        """Counts overflows per slot; with `estimate_underflow`, the zero shares."""
-        slots, components = _slots_of(plan)
-        overflowed = tf.gather(tf.cast(statistics.overflow, self.overflow_counts.dtype), components)
-        self.overflow_counts.assign_add(
-            tf.scatter_nd(slots, overflowed, self.overflow_counts.shape)
+    def _record_underflow(self, plan, statistics, weight_grads, float16):
+        """The shares of float16 subnormals and of exact zeros, per component."""
+        subnormal, zero = _statistics.underflow_shares(plan, weight_grads, float16)
+        silent = statistics.silent
+        if statistics.flushed is not None:
+            # A gradient that rounded to zero whole at a boundary, or a component
+            # whose every gradient is zero though gradient reached it, underflowed
+            # whole (or its units are all dead); so did what upstream of it
+            # received nothing (silent).
+            nothing = tf.logical_and(tf.equal(statistics.amax, 0.0), tf.logical_not(silent))
+            lost = tf.logical_or(statistics.flushed, nothing)
+            downstream = _downstream_matrix(plan)
+            for _ in range(FLUSH_PROPAGATION):
+                below = tf.linalg.matvec(downstream, tf.cast(lost, tf.float32)) > 0
+                lost = tf.logical_or(lost, tf.logical_and(silent, below))
+            subnormal = tf.where(lost, tf.ones_like(subnormal), subnormal)
+            silent = tf.logical_and(silent, tf.logical_not(lost))
+        # Where nothing else reached the component, keep the last rates.
+        self._write(
+            plan,
+            self.underflow_rates,
+            tf.where(silent, self._per_component(plan, self.underflow_rates), subnormal),
         )
-        if self.estimate_underflow:
-            # Runs on measuring steps only; where nothing was measured, keep the rate.
-            current = tf.gather(self.underflow_rates.value, [s[0] for s in slots])
-            rates = tf.gather(_statistics.zero_shares(plan, weight_grads), components)
-            rates = tf.where(tf.gather(statistics.silent, components), current, rates)
-            self.underflow_rates.assign(
-                tf.tensor_scatter_nd_update(self.underflow_rates.value, slots, rates)
-            )
+        self._write(
+            plan,
+            self.zero_rates,
+            tf.where(silent, self._per_component(plan, self.zero_rates), zero),
+        )
 
     def telemetry(self) -> dict:
         """Per-layer numbers for monitoring, as plain Python values.
 
         Returns:
-            A dict with four entries. `"scale"`, `"underflow_rate"` and
-            `"overflows"` map each name of `layer_scales()` to a number;
-            `"skipped_steps"` is a count. `underflow_rate` is the share of exactly-zero
-            values in the gradients of the layer's component (inputs and
-            weights): underflow shows as zeros, so it bounds the underflow
-            rate from above (true zeros, as of dead ReLU units, count too);
-            measured on the steps that measure the scales (see
-            `measure_every_n_steps`) once `estimate_underflow` is true (False
-            by default; `ScaleMonitor` sets it). `overflows` counts the
-            measured steps whose overflow started in the layer's component.
+            A dict. Per name of `layer_scales()` (`"loss"` and each wrapped
+            layer):
+
+            - `"scale"`: the current scale;
+            - `"headroom"`: binades of headroom learned from overflows (the
+              scale plans for gradients `2**headroom` times those measured);
+            - `"underflow_rate"`: the share of the component's float16
+              gradient values (its layers' input and weight gradients) that
+              are subnormal, non-zero and below `2**-14`, where underflow
+              starts; near 0 where scaling loses nothing, 1 where the
+              component's gradient flushed to zero whole;
+            - `"zero_rate"`: the share of exact zeros, true zeros (dead ReLU
+              units, anchors left out of a loss) included;
+            - `"overflows"`: skipped steps whose overflow started there;
+            - `"last_overflow_step"`: the step of the latest (-1: never).
+
+            Both rates are measured on the steps that measure the scales once
+            `estimate_underflow` is true (`ScaleMonitor` sets it). And for the
+            whole model: `"skipped_steps"` (all), `"recent_skip_rate"` (share
+            of the last `SKIP_WINDOW` steps skipped), `"skipped_in_a_row"`,
+            `"steps"` (applied and skipped), and `"warning"`: None, or why the
+            scaling looks stuck (also raised once as a `UserWarning`).
 
         Example:
 
@@ -392,39 +501,70 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         >>> telemetry["scale"], telemetry["overflows"], telemetry["skipped_steps"]
         ({'loss': 32768.0}, {'loss': 0}, 0)
         """
-        if not self.built:
-            return {
-                "scale": self.layer_scales(),
-                "underflow_rate": {"loss": 0.0},
-                "overflows": {"loss": 0},
-                "skipped_steps": 0,
-            }
-        names = ["loss", *self._scale_names]
-        scales = keras.ops.convert_to_numpy(self.slot_scales())
-        rates = keras.ops.convert_to_numpy(self.underflow_rates)
-        counts = keras.ops.convert_to_numpy(self.overflow_counts)
-        return {
-            "scale": {n: float(s) for n, s in zip(names, scales)},
-            "underflow_rate": {n: float(r) for n, r in zip(names, rates)},
-            "overflows": {n: int(c) for n, c in zip(names, counts)},
-            "skipped_steps": int(keras.ops.convert_to_numpy(self.skipped_steps)),
+        names = ["loss", *self._scale_names] if self.built else ["loss"]
+
+        def per_layer(variable, kind, default):
+            if not self.built:
+                return {"loss": default}
+            values = keras.ops.convert_to_numpy(variable)
+            return {n: kind(v) for n, v in zip(names, values)}
+
+        steps = skipped = in_a_row = 0
+        recent = 0.0
+        if self.built:
+            skipped = int(keras.ops.convert_to_numpy(self.skipped_steps))
+            steps = int(keras.ops.convert_to_numpy(self.iterations)) + skipped
+            window = keras.ops.convert_to_numpy(self.recent_skips)
+            recent = float(window.sum()) / max(1, min(steps, SKIP_WINDOW))
+            in_a_row = int(keras.ops.convert_to_numpy(self.skipped_in_a_row))
+        telemetry = {
+            "scale": self.layer_scales(),
+            "headroom": per_layer(getattr(self, "headroom", None), float, 0.0),
+            "underflow_rate": per_layer(getattr(self, "underflow_rates", None), float, 0.0),
+            "zero_rate": per_layer(getattr(self, "zero_rates", None), float, 0.0),
+            "overflows": per_layer(getattr(self, "overflow_counts", None), int, 0),
+            "last_overflow_step": per_layer(getattr(self, "last_overflow_step", None), int, -1),
+            "skipped_steps": skipped,
+            "recent_skip_rate": recent,
+            "skipped_in_a_row": in_a_row,
+            "steps": steps,
         }
+        telemetry["warning"] = _stuck(telemetry)
+        if telemetry["warning"] is not None and not self._warned_stuck:
+            self._warned_stuck = True
+            warnings.warn(telemetry["warning"], stacklevel=2)
+        return telemetry
 
-    def _apply_if_finite(self, finite, grads, variables):
-        """Applies `grads` with the inner optimizer if `finite`, else counts a skipped step.
+    def _apply_if_finite(self, finite, grads, variables, step, on_skip=None):
+        """Applies `grads` with the inner optimizer if `finite`, else skips the step.
 
-        The skip branch is not empty on purpose: XLA then compiles the cond
-        into selects over the elementwise update, as for Keras's
+        Either way it notes the step in the recent-skips window; a skipped
+        step also runs `on_skip`. The skip branch is not empty: XLA compiles
+        the cond into selects over the elementwise update, as for Keras's
         LossScaleOptimizer, which runs faster on a CPU than a conditional.
         """
+        where = [[tf.cast(step, "int32") % SKIP_WINDOW]]
 
-        def apply_step():
-            self.inner_optimizer.apply(grads, trainable_variables=variables)
+        def note(skipped):
+            window = self.recent_skips
+            window.assign(tf.tensor_scatter_nd_update(window, where, [skipped]))
+
+        def applied():
+            note(0)
+            self.skipped_in_a_row.assign(0)
 
         def skip_step():
             self.skipped_steps.assign_add(1)
+            self.skipped_in_a_row.assign_add(1)
+            note(1)
+            if on_skip is not None:
+                on_skip()
 
-        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+        def apply_step():
+            self.inner_optimizer.apply(grads, trainable_variables=variables)
+            applied()
+
+        if strategy_supports_no_merge_call():
             keras.ops.cond(finite, apply_step, skip_step)
             return
 
@@ -438,6 +578,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                     lambda g: self.inner_optimizer.apply(g, trainable_variables=variables),
                     args=(grads,),
                 )
+                applied()
 
             keras.ops.cond(finite, apply_everywhere, skip_step)
 
@@ -493,6 +634,87 @@ def _power_of_two_at_most(initial_scale) -> float:
 
 SETTLING = 2.0**4
 """A scale that moved by this factor or more is still settling: measure again."""
+SKIP_WINDOW = 100
+"""Steps over which `telemetry()["recent_skip_rate"]` is taken."""
+STUCK_IN_A_ROW = 20
+"""Skipped steps in a row after which the scaling is reported stuck."""
+STUCK_SHARE = 0.25
+"""Share of the last `SKIP_WINDOW` steps skipped above which the scaling is reported stuck."""
+
+
+def _stuck(telemetry: dict) -> str | None:
+    """Why the scaling looks stuck, from `telemetry()`'s numbers, or None."""
+    in_a_row = telemetry["skipped_in_a_row"]
+    share = telemetry["recent_skip_rate"]
+    many = telemetry["steps"] >= SKIP_WINDOW and share >= STUCK_SHARE
+    if in_a_row < STUCK_IN_A_ROW and not many:
+        return None
+    floor = [n for n, s in telemetry["scale"].items() if s <= policies.MIN_SCALE]
+    recent = sorted(
+        (
+            n
+            for n, s in telemetry["last_overflow_step"].items()
+            if s >= 0 and s >= telemetry["steps"] - SKIP_WINDOW
+        ),
+        key=lambda n: -telemetry["last_overflow_step"][n],
+    )
+    since = telemetry["steps"] - in_a_row
+    what = (
+        f"the last {in_a_row} steps were all skipped (since step {since})"
+        if in_a_row >= STUCK_IN_A_ROW
+        else f"{share:.0%} of the last {SKIP_WINDOW} steps were skipped"
+    )
+    where = f"; overflows started in: {', '.join(recent[:8])}" if recent else ""
+    at_floor = f"; scales at their floor (2**-24): {', '.join(floor[:8])}" if floor else ""
+    return (
+        f"keras_als: loss scaling looks stuck: {what}{where}{at_floor}. Skipped steps "
+        "change no weight. The usual causes: NaN or Inf in the input data or labels, a "
+        "loss that is already not finite in float32, or a learning rate that makes "
+        "training diverge. Check the data (tf.debugging.check_numerics), train a few "
+        "steps in float32, or lower the learning rate."
+    )
+
+
+FLUSH_PROPAGATION = 8
+"""Components upstream of a flushed gradient marked as underflowed whole (telemetry)."""
+
+
+def _downstream_matrix(plan) -> tf.Tensor:
+    """`[c, d]` is 1 where gradient flows from component `d` into component `c`."""
+    downstream = plan.downstream()
+    n = len(downstream)
+    return tf.constant([[1.0 if d in downstream[c] else 0.0 for d in range(n)] for c in range(n)])
+
+
+def _not_finite(amaxes: list) -> tf.Tensor:
+    """True if any of a component's largest weight gradients is not finite."""
+    if not amaxes:
+        return tf.constant(False)
+    return tf.logical_not(tf.reduce_all(tf.math.is_finite(tf.stack(amaxes))))
+
+
+def _group_and_unscale(plan, grads, variables, optimizer):
+    """Per component, the weight gradients (at its scale) and whether each was
+    computed in float16; and every gradient divided by its component's scale."""
+    weight_grads = [[] for _ in plan.components]
+    float16 = [[] for _ in plan.components]
+    unscaled = []
+    for g, v in zip(grads, variables):
+        if g is None or optimizer._overwrite_variable_with_gradient(v):
+            unscaled.append(g)
+            continue
+        i = plan.index_of(v)
+        weight_grads[i].append(g)
+        float16[i].append(_computed_in_float16(v))
+        unscaled.append(_divide(g, plan.scales[i]))
+    return weight_grads, float16, unscaled
+
+
+def _computed_in_float16(variable) -> bool:
+    """Whether the layer that owns `variable` computes in float16 (else the global policy)."""
+    owner = _owner(variable)
+    dtype = owner.layer.compute_dtype if owner is not None else None
+    return (dtype or keras.config.dtype_policy().compute_dtype) == "float16"
 
 
 def _slots_of(plan) -> tuple[list[list[int]], list[int]]:

@@ -10,9 +10,17 @@ unscaled units) and asks a policy for the next scales:
 A policy is a frozen dataclass with no state of its own beyond its parameters;
 `scale` (the current scales) is the state. Every policy returns powers of two
 within `[MIN_SCALE, MAX_SCALE]`, so scaling never changes the mathematics.
-Non-finite statistics never reach a policy: `next_scale` handles them (the
-component where the overflow started backs off by `BACKOFF`, the others keep
-their scale).
+Non-finite statistics never reach a policy: `next_scale` handles them (every
+component an overflow reached backs off by `BACKOFF`, the others keep their
+scale).
+
+Overflows also teach the scales. A component whose *measured* scale an
+overflow reached gains `HEADROOM_STEP` binades of *headroom*: the policy then
+plans for a largest gradient `2**headroom` times the one it measured, so a
+spike that recurs (a rare sample with a far larger loss) is held instead of
+skipped again. The headroom shrinks by one binade per `HEADROOM_DECAY_STEPS`
+steps without another overflow, and components the overflow did not reach
+keep theirs (`Headroom`, `headroom_at`, `after_overflow`).
 
 Example:
 
@@ -45,7 +53,13 @@ MIN_SCALE = 2.0**-24
 MAX_SCALE = 2.0**64
 """Ceiling of every scale: unscaled float32 gradients stay normal below it."""
 BACKOFF = 2.0**-4
-"""Factor applied to the scale of a component where an overflow started."""
+"""Factor applied to the scale of every component an overflow reached."""
+HEADROOM_STEP = 4.0
+"""Binades of headroom a measured scale gains each time an overflow reaches it."""
+HEADROOM_DECAY_STEPS = 1000
+"""Steps without an overflow after which a component's headroom shrinks by one binade."""
+MAX_HEADROOM = 40.0
+"""Most headroom a component can gain (binades)."""
 BLIND_GROWTH = 2.0**16
 """Growth of a scale whose gradients were all zero (nothing to measure).
 
@@ -66,8 +80,8 @@ class Statistics(NamedTuple):
         mean_square: Mean of the squared gradient at the inputs of the wrapped
             layers in the component (where none is measured, such as a first
             layer, of its weight gradients). Only `ApproxRange` reads it.
-        overflow: True where non-finite values started in this component, rather
-            than flowing in from a component downstream.
+        overflow: True where the step's gradients were not finite: where an
+            overflow started and every component upstream that it reached.
         silent: True where no gradient reached the component (all that flowed
             in was zero, e.g. underflowed downstream), so a zero `amax` says
             nothing about it; None means never.
@@ -75,6 +89,10 @@ class Statistics(NamedTuple):
             into it through a scale boundary (static structure).
         names: A name for each component: the wrapped layer whose scale
             variable holds it, or `"loss"` (static).
+        flushed: True where a float16 gradient flowing into the component
+            from downstream was not zero but rounds to zero, all of it, at the
+            component's scale; None where not measured. The telemetry reads
+            it, no policy does.
 
     Example:
 
@@ -91,6 +109,7 @@ class Statistics(NamedTuple):
     silent: tf.Tensor | None = None
     downstream: tuple[tuple[int, ...], ...] = ()
     names: tuple[str, ...] = ()
+    flushed: tf.Tensor | None = None
 
 
 def power_of_two_floor(x: tf.Tensor) -> tf.Tensor:
@@ -104,7 +123,10 @@ def power_of_two_floor(x: tf.Tensor) -> tf.Tensor:
     x = tf.convert_to_tensor(x, tf.float32)
     x = tf.where(tf.math.is_nan(x), tf.ones_like(x), x)
     x = tf.clip_by_value(x, MIN_SCALE, MAX_SCALE)
-    return tf.pow(2.0, tf.floor(tf.math.log(x) / math.log(2.0)))
+    # Every value here is a positive normal float32: clearing the mantissa bits
+    # leaves 2**exponent exactly (a logarithm can round 2**13 down to 2**12).
+    bits = tf.bitwise.bitwise_and(tf.bitcast(x, tf.int32), tf.constant(0x7F800000, tf.int32))
+    return tf.bitcast(bits, tf.float32)
 
 
 @keras.saving.register_keras_serializable(package="keras_als")
@@ -297,6 +319,61 @@ class Fixed:
 
 Policy = MaxSafe | ApproxRange | Fixed
 
+
+class Headroom(NamedTuple):
+    """Headroom learned from overflows, per component (the state of `after_overflow`).
+
+    Attributes:
+        binades: Extra powers of two of headroom, as of step `since`.
+        since: The step (float32) at which an overflow last raised it.
+
+    Example:
+
+    >>> h = Headroom(binades=np.array([8.0, 0.0], np.float32), since=np.zeros(2, np.float32))
+    >>> headroom_at(h, 2500.0).numpy()  # two decays of one binade each
+    array([6., 0.], dtype=float32)
+    """
+
+    binades: tf.Tensor
+    since: tf.Tensor
+
+
+def headroom_at(headroom: Headroom, step: tf.Tensor) -> tf.Tensor:
+    """The headroom left at `step`, per component:
+
+    max(0, binades - floor((step - since) / HEADROOM_DECAY_STEPS))
+    """
+    binades = tf.convert_to_tensor(headroom.binades, tf.float32)
+    elapsed = tf.cast(step, tf.float32) - tf.convert_to_tensor(headroom.since, tf.float32)
+    return tf.maximum(binades - tf.floor(elapsed / HEADROOM_DECAY_STEPS), 0.0)
+
+
+def after_overflow(headroom: Headroom, reached: tf.Tensor, step: tf.Tensor) -> Headroom:
+    """The headroom after an overflow at `step` reached the components in `reached`.
+
+        binades = min(headroom_at(step) + HEADROOM_STEP, MAX_HEADROOM)  where reached
+        since   = step                                                  where reached
+
+    Pass in `reached` only the components whose scale was chosen from a
+    measurement: an overflow of a first guess says nothing about spikes.
+
+    Example:
+
+    >>> h = Headroom(binades=np.zeros(2, np.float32), since=np.zeros(2, np.float32))
+    >>> after = after_overflow(h, np.array([True, False]), 10.0)
+    >>> after.binades.numpy(), after.since.numpy()
+    (array([4., 0.], dtype=float32), array([10.,  0.], dtype=float32))
+    """
+    reached = tf.convert_to_tensor(reached, tf.bool)
+    step = tf.cast(step, tf.float32)
+    raised = tf.minimum(headroom_at(headroom, step) + HEADROOM_STEP, MAX_HEADROOM)
+    since = tf.convert_to_tensor(headroom.since, tf.float32)
+    return Headroom(
+        binades=tf.where(reached, raised, tf.convert_to_tensor(headroom.binades, tf.float32)),
+        since=tf.where(reached, tf.fill(tf.shape(since), step), since),
+    )
+
+
 _BY_NAME = {"max_safe": MaxSafe, "approx_range": ApproxRange, "fixed": Fixed}
 
 
@@ -318,12 +395,19 @@ def get(identifier: str | Policy) -> Policy:
     )
 
 
-def next_scale(policy: Policy, statistics: Statistics, scale: tf.Tensor) -> tf.Tensor:
+def next_scale(
+    policy: Policy,
+    statistics: Statistics,
+    scale: tf.Tensor,
+    headroom: tf.Tensor | None = None,
+) -> tf.Tensor:
     """The scales for the next step: the policy's where the statistics are finite.
 
-    Where an overflow started the scale backs off by `BACKOFF`; where non-finite
-    values only flowed in from downstream, or no gradient arrived at all
-    (`silent`), it stays; elsewhere the policy decides.
+    Where an overflow reached a component (`statistics.overflow`) its scale
+    backs off by `BACKOFF`; where its statistics are not finite otherwise, or
+    no gradient arrived at all (`silent`), it stays; elsewhere the policy
+    decides, planning for a largest gradient of `amax * 2**headroom` (the
+    headroom learned from overflows, in binades; None: none).
     The result is always a power of two within `[MIN_SCALE, MAX_SCALE]`.
 
     Example:
@@ -340,6 +424,9 @@ def next_scale(policy: Policy, statistics: Statistics, scale: tf.Tensor) -> tf.T
     informed = tf.math.is_finite(amax)
     if statistics.silent is not None:
         informed = tf.logical_and(informed, tf.logical_not(statistics.silent))
+    if headroom is not None:
+        planned = amax * tf.pow(2.0, tf.convert_to_tensor(headroom, tf.float32))
+        statistics = statistics._replace(amax=planned)
     proposed = policy(statistics, scale)
     chosen = tf.where(overflow, scale * BACKOFF, tf.where(informed, proposed, scale))
     return power_of_two_floor(chosen)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
-from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
 from keras_als import _boundary, _forward_state
+from keras_als._keras_private import (
+    Functional,
+    converts_inputs,
+    get_keras_mask,
+    input_name,
+    set_keras_mask,
+)
 from keras_als.optimizer import mark_owner
 
 
@@ -66,7 +72,10 @@ class AdaptiveScaled(keras.layers.Wrapper):
             i for i, x in enumerate(flat) if isinstance(x, tf.Tensor) and x.dtype.is_floating
         ]
         if floating:
-            crossed = _boundary.insert(self, [flat[i] for i in floating])
+            # Cast as the layer would, before the boundary: the gradient of that
+            # cast then rounds to float16 at the upstream scale, not at the layer's.
+            cast = [self._as_layer_input(flat[i]) for i in floating]
+            crossed = _boundary.insert(self, cast, upstream=[flat[i] for i in floating])
             for i, x in zip(floating, crossed):
                 mask = get_keras_mask(flat[i])
                 if mask is not None:
@@ -79,43 +88,72 @@ class AdaptiveScaled(keras.layers.Wrapper):
         mark_owner(self, self.layer.trainable_weights)
         return outputs
 
+    def _as_layer_input(self, x):
+        """`x` cast to the wrapped layer's input dtype, as its `__call__` would."""
+        layer = self.layer
+        if not converts_inputs(layer):
+            return x
+        return layer.dtype_policy.convert_input(x, layer.autocast, layer.input_dtype)
+
     @classmethod
     def from_config(cls, config, custom_objects=None):
         return super().from_config(dict(config), custom_objects=custom_objects)
 
     def compute_mask(self, inputs, mask=None):
+        # `call(*args)` hands Keras its positional arguments as a tuple: a layer
+        # called on one list (Concatenate, Add) expects the list itself.
+        if isinstance(inputs, tuple) and len(inputs) == 1:
+            inputs = inputs[0]
+            mask = mask[0] if isinstance(mask, tuple) and len(mask) == 1 else mask
         return self.layer.compute_mask(inputs, mask)
 
 
 def wrap_model(model: keras.Model) -> keras.Model:
-    """Returns a copy of `model` with every layer that has trainable weights wrapped.
+    """Returns a copy of `model` with its layers wrapped in `AdaptiveScaled`.
 
-    The copy has the same weights (values copied, not shared) and the same
-    structure; layers without trainable weights stay as they are, and nested
-    Sequential or Functional models are wrapped inside. Call it on a built model.
+    Every layer with trainable weights is wrapped, and so is every layer that
+    joins two or more floating-point tensors without weights of its own (`Add`,
+    `Concatenate`, ...): a boundary at each input of a join gives the branches
+    that meet there scales of their own, so the blocks of a residual trunk keep
+    one scale each instead of sharing one along the trunk. Other layers stay
+    as they are. Nested graph models (Sequential, Functional, and subclasses
+    of Functional such as KerasHub backbones) are wrapped layer by layer at any
+    depth. The copy has the same weights (values copied, not shared) and
+    computes the same outputs; it saves and loads as a `.keras` file.
+
+    A subclass of a functional model (a KerasHub backbone or task, say) is
+    copied as a plain `keras.Model` with the same inputs, outputs and layers:
+    methods of its own class (such as a task's `generate`) are not carried over.
 
     Args:
-        model: A Sequential or Functional `keras.Model`.
+        model: A built Sequential or Functional `keras.Model`, or a subclass of
+            Functional (one that calls `super().__init__(inputs, outputs)`).
 
     Returns:
-        A new model of the same kind, ready for
+        A new model of the same structure, ready for
         `keras_als.AdaptiveLossScaleOptimizer`.
 
     Raises:
-        ValueError: For a subclassed model, which cannot be copied layer by
-            layer: wrap its layers by hand where it creates them.
+        ValueError: For a subclassed model (its graph is its `call` method, which
+            cannot be copied layer by layer: wrap its layers by hand where it
+            creates them) or a model that is not built.
 
     Example:
 
     >>> import keras, keras_als
-    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="head")])
-    >>> [layer.name for layer in keras_als.wrap_model(model).layers]
-    ['head_scaled']
+    >>> inputs = keras.Input((4,))
+    >>> hidden = keras.layers.Dense(4, name="hidden")(inputs)
+    >>> outputs = keras.layers.Add(name="residual")([inputs, hidden])
+    >>> model = keras.Model(inputs, keras.layers.Dense(2, name="head")(outputs))
+    >>> [layer.name for layer in keras_als.wrap_model(model).layers[1:]]
+    ['hidden_scaled', 'residual_scaled', 'head_scaled']
     """
-    if not isinstance(model, (keras.Sequential, keras.Model)) or not _is_graph_model(model):
+    if not isinstance(model, keras.Model) or not _is_graph_model(model):
         raise ValueError(
-            f"wrap_model copies Sequential and Functional models; {type(model).__name__} "
-            "is a subclassed model. Wrap its layers where you create them instead, e.g. "
+            f"wrap_model copies graph models (Sequential, Functional, or a subclass built "
+            f"with super().__init__(inputs, outputs)); {type(model).__name__} is a "
+            "subclassed model whose graph is its call() method. Wrap its layers where you "
+            "create them instead, e.g. "
             "`self.dense = keras_als.AdaptiveScaled(keras.layers.Dense(64))` in __init__."
         )
     if not model.built:
@@ -123,33 +161,61 @@ def wrap_model(model: keras.Model) -> keras.Model:
             "wrap_model needs a built model: give it an Input (keras.Input(shape)) or "
             "call model.build(input_shape) first."
         )
+    wrapped = _copy_wrapped(model)
+    source, target = model.weights, wrapped.weights
+    if [tuple(w.shape) for w in source] != [tuple(w.shape) for w in target]:
+        raise RuntimeError(  # a bug in wrap_model, not in the model: say so
+            f"wrap_model could not match the weights of {model.name!r} one to one "
+            f"({len(source)} in the model, {len(target)} in the copy); please report it."
+        )
+    for w, v in zip(source, target):
+        v.assign(w)
+    return wrapped
 
-    def wrap(layer):
-        if not isinstance(layer, keras.layers.Layer):  # an operation, e.g. a mask's NotEqual
+
+def _copy_wrapped(model: keras.Model) -> keras.Model:
+    """The copy of `model` with wrapped layers, weights not yet copied."""
+
+    def copy_layer(layer):
+        if not isinstance(layer, keras.layers.Layer):  # an operation, e.g. keras.ops.add
             return layer
-        if isinstance(layer, keras.Model) and _is_graph_model(layer):
-            return wrap_model(layer)
+        if _is_graph_model(layer):
+            return _copy_wrapped(layer)
         clone = layer.__class__.from_config(layer.get_config())
         if isinstance(layer, AdaptiveScaled) or not layer.trainable_weights:
             return clone
         return AdaptiveScaled(clone)
 
-    inputs = None
-    if not isinstance(model, keras.Sequential):
-        # Fresh inputs with the original names (clone_model would rename them).
-        inputs = [
-            keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t._keras_history.operation.name)
-            for t in keras.tree.flatten(model.input)
-        ]
-        inputs = keras.tree.pack_sequence_as(model.input, inputs)
-    wrapped = keras.models.clone_model(model, input_tensors=inputs, clone_function=wrap)
-    wrapped.set_weights(model.get_weights())
-    return wrapped
+    def call_layer(layer, *args, **kwargs):
+        if _joins_branches(layer, args, kwargs):
+            layer = AdaptiveScaled(layer)
+        return layer(*args, **kwargs)
+
+    if isinstance(model, keras.Sequential):
+        return keras.models.clone_model(model, clone_function=copy_layer)
+    # Fresh inputs with the original names (clone_model would take generated ones).
+    inputs = keras.tree.map_structure(
+        lambda t: keras.Input(batch_shape=t.shape, dtype=t.dtype, name=input_name(t)),
+        model.input,
+    )
+    return keras.models.clone_model(
+        model, input_tensors=inputs, clone_function=copy_layer, call_function=call_layer
+    )
+
+
+def _joins_branches(layer, args, kwargs) -> bool:
+    """True for a weightless layer called on two or more floating-point tensors."""
+    if not isinstance(layer, keras.layers.Layer) or isinstance(layer, AdaptiveScaled):
+        return False
+    if layer.weights or _is_graph_model(layer):
+        return False
+    floating = [
+        x
+        for x in keras.tree.flatten((args, kwargs))
+        if isinstance(x, keras.KerasTensor) and "float" in str(x.dtype)
+    ]
+    return len(floating) >= 2
 
 
 def _is_graph_model(model) -> bool:
-    return (
-        isinstance(model, keras.Sequential)
-        or getattr(model, "_is_graph_network", False)
-        or (type(model).__name__ == "Functional")
-    )
+    return isinstance(model, (keras.Sequential, Functional))

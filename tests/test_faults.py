@@ -104,10 +104,9 @@ def test_a_hundred_bad_batches_in_a_row_leave_scales_bounded_and_clean_data_rest
         assert math.isfinite(scale) and policies.MIN_SCALE <= scale <= policies.MAX_SCALE
         assert math.frexp(scale)[0] == 0.5
 
-    # Recovery bound: only the loss's component backed off (to the floor 2**-24);
-    # it grows by BLIND_GROWTH (2**16) per clean step while its gradients are
-    # all zero, then jumps to its safe value: at most ceil((15 + 24) / 16) + 1 = 4
-    # steps. Components upstream keep their scale while no gradient reaches them.
+    # A loss that is not finite blames the data, not the scales: no scale backed
+    # off, so clean data trains at once at the settled scales.
+    assert optimizer.layer_scales() == settled
     recovered_after = None
     for n, i in enumerate(range(256, 512, 32), start=1):
         step(x[i : i + 32], y[i : i + 32])
@@ -115,7 +114,7 @@ def test_a_hundred_bad_batches_in_a_row_leave_scales_bounded_and_clean_data_rest
         if all(abs(math.log2(now[k]) - math.log2(settled[k])) <= 2 for k in settled):
             recovered_after = n
             break
-    assert recovered_after is not None and recovered_after <= 4, optimizer.layer_scales()
+    assert recovered_after == 1, optimizer.layer_scales()
     assert int(optimizer.skipped_steps.numpy()) == 100
 
 

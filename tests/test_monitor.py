@@ -70,12 +70,17 @@ def test_underflow_estimate_is_high_where_the_scale_is_too_small(tmp_path):
     low = monitored_fit(tmp_path / "low", policy=policies.Fixed(default=1.0), depth=12)[2]
     adaptive = monitored_fit(tmp_path / "adaptive", depth=12)[2]
     # The second layer's input gradients are the smallest that are computed
-    # (nothing needs the first layer's); at scale 1 most of them underflow.
-    assert low.history["underflow/dense_1"][-1] > 0.5
-    assert low.history["underflow/dense_1"][-1] > low.history["underflow/dense_8"][-1]
+    # (nothing needs the first layer's); at scale 1 most of them flush to zero
+    # and what is left sits in float16's subnormal range.
+    assert low.history["zeros/dense_1"][-1] > 0.5
+    assert low.history["underflow/dense_1"][-1] > 5e-3
+    assert low.history["underflow/dense_8"][-1] > 5e-3
+    # The first record is at the first guess (2**15 everywhere), where the
+    # bottom layers do underflow; once measured, nothing does.
+    assert adaptive.history["underflow/dense_13"][0] > 0.1  # the adaptive model's bottom
     for key, values in adaptive.history.items():
         if key.startswith("underflow/"):
-            assert all(0.0 <= v < 1e-3 for v in values), key
+            assert all(0.0 <= v < 1e-3 for v in values[1:]), key
 
 
 @pytest.mark.parametrize("source", ["monitor", "history", "log_dir"])

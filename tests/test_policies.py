@@ -65,6 +65,14 @@ def test_scales_stay_within_the_floor_and_ceiling():
     assert huge_gradient[0] == policies.MIN_SCALE
 
 
+def test_power_of_two_floor_is_exact_on_every_power_of_two_and_just_below():
+    exponents = np.arange(-24, 65)
+    powers = (2.0**exponents).astype(np.float32)
+    np.testing.assert_array_equal(policies.power_of_two_floor(powers).numpy(), powers)
+    below = np.nextafter(powers[1:], np.float32(0))
+    np.testing.assert_array_equal(policies.power_of_two_floor(below).numpy(), powers[:-1])
+
+
 def test_erfinv_matches_known_values():
     assert policies._erfinv(0.5) == pytest.approx(0.4769362762044699, abs=1e-12)
     assert policies._erfinv(1e-3) == pytest.approx(8.862271574e-4, rel=1e-6)

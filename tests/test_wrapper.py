@@ -79,13 +79,27 @@ def test_summary_counts_the_same_parameters():
     assert "conv2d_scaled" in text and "AdaptiveScaled" in text
 
 
-def test_wrap_model_keeps_input_names_and_leaves_weightless_layers_alone():
+def test_wrap_model_keeps_input_names_and_wraps_weights_and_joins_only():
     model, _, _ = models.fan_out_concat()
     wrapped = keras_als.wrap_model(model)
     kinds = [type(layer).__name__ for layer in wrapped.layers]
-    assert kinds.count("AdaptiveScaled") == 4
-    assert "Concatenate" in kinds
+    # Four layers with weights, and the Concatenate that joins two branches.
+    assert kinds.count("AdaptiveScaled") == 5
+    joins = [w.layer for w in wrapped.layers if isinstance(w, keras_als.AdaptiveScaled)]
+    assert [type(j).__name__ for j in joins if not j.weights] == ["Concatenate"]
     assert wrapped.layers[0].name == model.layers[0].name
+
+
+def test_a_weightless_layer_on_one_tensor_stays_unwrapped():
+    inputs = keras.Input((4,))
+    hidden = layers.Activation("relu")(layers.Dense(4)(inputs))
+    wrapped = keras_als.wrap_model(keras.Model(inputs, layers.Dropout(0.1)(hidden)))
+    assert [type(w).__name__ for w in wrapped.layers] == [
+        "InputLayer",
+        "AdaptiveScaled",
+        "Activation",
+        "Dropout",
+    ]
 
 
 def test_wrap_model_wraps_inside_nested_models():

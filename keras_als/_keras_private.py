@@ -1,0 +1,63 @@
+"""Every private Keras and TensorFlow API keras_als uses, in one place.
+
+Each name below is used because no public API does the same; each was checked
+against Keras 3.15 and TensorFlow 2.21. A Keras or TensorFlow upgrade that
+moves one of them breaks here, at import, and in `tests/test_keras_private.py`,
+rather than deep inside a training step.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
+from keras.src.models.functional import Functional
+from keras.src.utils.tracking import no_automatic_dependency_tracking
+
+__all__ = [
+    "Functional",
+    "converts_inputs",
+    "get_keras_mask",
+    "input_name",
+    "no_automatic_dependency_tracking",
+    "set_keras_mask",
+    "strategy_supports_no_merge_call",
+]
+
+# Functional: the class of every graph model built from inputs and outputs,
+# including subclasses that call `super().__init__(inputs, outputs)` (every
+# KerasHub backbone and task). Keras exports no public class to test for it.
+#
+# get_keras_mask / set_keras_mask: the mask a tensor carries between layers.
+# AdaptiveScaled passes inputs through a boundary (a new tensor) and must carry
+# the mask over, since the wrapped layer reads it off its inputs.
+#
+# no_automatic_dependency_tracking: keeps the optimizer's list of wrapped
+# layers out of Keras's variable tracking (they are layers, not optimizer state).
+
+
+def input_name(tensor) -> str:
+    """The name of the `keras.Input` that produced symbolic `tensor`.
+
+    `KerasTensor.name` is a generated name; the input layer's name is what a
+    user passes as `keras.Input(name=...)` and what `fit` matches dict data by.
+    It is read off the tensor's `_keras_history`, which has no public accessor.
+    """
+    return tensor._keras_history.operation.name
+
+
+def converts_inputs(layer) -> bool:
+    """Whether `layer.__call__` casts floating inputs to `layer.input_dtype`.
+
+    AdaptiveScaled casts them itself, before its boundary, exactly when the
+    layer would; Keras keeps the switch in the private `_convert_input_args`.
+    """
+    return bool(getattr(layer, "_convert_input_args", True))
+
+
+def strategy_supports_no_merge_call() -> bool:
+    """Whether the current tf.distribute strategy all-reduces without `merge_call`.
+
+    Decides whether the optimizer may apply a step inside a `cond` in replica
+    context; TensorFlow exposes it under `tf.__internal__` only.
+    """
+    return tf.__internal__.distribute.strategy_supports_no_merge_call()
