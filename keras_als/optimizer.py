@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 import weakref
 
@@ -56,7 +57,12 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         inner_optimizer: The `keras.optimizers.Optimizer` that applies updates.
         policy: A `keras_als.policies` policy or its name: `"max_safe"`
             (default), `"approx_range"` (the paper's rule) or `"fixed"`.
-        initial_scale: Scale of every component on the first step; a power of two.
+        initial_scale: Scale of every component on the first step: a power of
+            two; another number is rounded down to one, with a warning.
+        dynamic_growth_steps: Used only where keras_als falls back to Keras's
+            one dynamic scale (an eager step, or `apply` without `scale_loss`
+            in the same traced function): the scale doubles after this many
+            finite steps. Layer-wise scales come from the `policy` instead.
         measure_every_n_steps: How often the boundaries measure the gradients
             and the policy chooses new scales: every n steps, and always on the
             step after a skipped step or while a scale is still moving by
@@ -82,11 +88,12 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def __init__(
         self,
         inner_optimizer: keras.optimizers.Optimizer,
+        initial_scale: float = 2.0**15,
+        dynamic_growth_steps: int = 2000,
+        name: str | None = None,
         *,
         policy: str | policies.Policy = "max_safe",
-        initial_scale: float = 2.0**15,
         measure_every_n_steps: int = 16,
-        name: str | None = None,
         **kwargs,
     ):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
@@ -100,15 +107,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 "inside it instead (its .inner_optimizer)."
             )
         resolved = policies.get(policy)
-        if not (
-            isinstance(initial_scale, (int, float))
-            and policies.MIN_SCALE <= initial_scale <= policies.MAX_SCALE
-            and math.frexp(initial_scale)[0] == 0.5
-        ):
-            raise ValueError(
-                "initial_scale must be a power of two between 2**-24 and 2**64, "
-                f"e.g. 2.0**15; got {initial_scale!r}."
-            )
+        initial_scale = _power_of_two_at_most(initial_scale)
         if (
             isinstance(measure_every_n_steps, bool)
             or not isinstance(measure_every_n_steps, int)
@@ -118,7 +117,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 "measure_every_n_steps must be a whole number >= 1 (1 measures every step); "
                 f"got {measure_every_n_steps!r}."
             )
-        super().__init__(inner_optimizer, initial_scale=float(initial_scale), name=name, **kwargs)
+        super().__init__(
+            inner_optimizer,
+            initial_scale=initial_scale,
+            dynamic_growth_steps=dynamic_growth_steps,
+            name=name,
+            **kwargs,
+        )
         self.policy = resolved
         self.measure_every_n_steps = measure_every_n_steps
         self.estimate_underflow = False  # count zeros when measuring (ScaleMonitor sets it)
@@ -580,8 +585,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         tf.distribute.get_replica_context().merge_call(decide, args=(finite, grads))
 
     def get_config(self):
-        config = super().get_config()
-        config.pop("dynamic_growth_steps", None)
+        config = super().get_config()  # name, inner_optimizer, initial_scale, dynamic_growth_steps
         config["measure_every_n_steps"] = self.measure_every_n_steps
         config["policy"] = keras.saving.serialize_keras_object(self.policy)
         return config
@@ -596,6 +600,36 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if isinstance(policy, dict):
             policy = keras.saving.deserialize_keras_object(policy, custom_objects=custom_objects)
         return cls(inner, policy=policy, **config)
+
+
+def _power_of_two_at_most(initial_scale) -> float:
+    """`initial_scale` as a float, rounded down to a power of two with a warning.
+
+    Raises:
+        ValueError: If it is not a finite number in `[MIN_SCALE, MAX_SCALE]`.
+    """
+    if (
+        isinstance(initial_scale, bool)
+        or not isinstance(initial_scale, numbers.Real)
+        or not math.isfinite(initial_scale)
+        or not policies.MIN_SCALE <= initial_scale <= policies.MAX_SCALE
+    ):
+        raise ValueError(
+            "initial_scale must be a finite number between 2**-24 and 2**64, best a power "
+            f"of two such as 2.0**15 (the default); got {initial_scale!r}."
+        )
+    mantissa, exponent = math.frexp(float(initial_scale))
+    scale = math.ldexp(0.5, exponent)
+    if mantissa != 0.5:
+        warnings.warn(
+            f"keras_als: initial_scale={initial_scale!r} is not a power of two; using "
+            f"{scale!r} (2**{exponent - 1}), the power of two below it, because keras_als "
+            f"scales only by powers of two (exact in floating point). Pass "
+            f"initial_scale=2.0**{exponent - 1} to silence this warning.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return scale
 
 
 SETTLING = 2.0**4

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job: trains a CNN on real MNIST three ways and prints what each achieved.
+# KERAS_ALS_PYTHON and KERAS_ALS_VENV choose the Python and the venv (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python examples/demo.py "$@"
+export TF_CPP_MIN_LOG_LEVEL=3  # TensorFlow's C++ INFO and WARNING lines
+exec "${KERAS_ALS_VENV:-.venv}/bin/python" examples/demo.py "$@"

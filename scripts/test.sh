@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (slow tests included), the doctests and ruff.
-# Fails when pytest collects no test (exit code 5).
+# Extra arguments go to pytest (e.g. test files, -m "not slow"). Fails when
+# pytest collects no test (exit code 5). KERAS_ALS_PYTHON and KERAS_ALS_VENV
+# choose the Python and the venv (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check keras_als tests benchmarks examples
+venv=${KERAS_ALS_VENV:-.venv}
+"$venv/bin/ruff" check keras_als tests benchmarks examples
 status=0
-TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -m pytest "$@" || status=$?
+TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/python" -m pytest "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: failing." >&2
   exit 1

@@ -1,4 +1,8 @@
-"""The examples in examples/ run offline with --smoke and report what they did."""
+"""The examples in examples/ run offline with --smoke and report what they did.
+
+They print results, not logs: in a fresh environment (no TF_CPP_MIN_LOG_LEVEL)
+neither stdout nor stderr holds a line of TensorFlow's C++ logging.
+"""
 
 from __future__ import annotations
 
@@ -58,3 +62,59 @@ def test_transformer_example_trains_an_encoder_with_layer_wise_scales():
     assert "skipped:" in out
     for layer in ["loss", "embed", "attention", "norm1", "ff1", "logits"]:
         assert f"  {layer} " in out, layer
+
+
+# Any line of absl's or TensorFlow's C++ logging, and the CPU-feature notice.
+C_LOG = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog"
+    r"|[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\]"
+    r"|To enable the following instructions)",
+    flags=re.M,
+)
+
+
+def fresh_run(*command: str, **env: str) -> subprocess.CompletedProcess:
+    """Runs Python with `command` in a fresh environment: PATH, HOME, PYTHONPATH and `env`."""
+    env = dict(env, PATH=os.environ["PATH"], HOME=os.environ.get("HOME", "/"), PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, *command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_tensorflow_prints_c_log_lines_that_the_examples_recognize_and_drop():
+    """`import tensorflow` prints C++ log lines even with TF_CPP_MIN_LOG_LEVEL=3.
+
+    That bare import is the reference: examples/_quiet.py recognizes every line of it.
+    """
+    bare = fresh_run("-c", "import tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    assert bare.returncode == 0, bare.stderr[-3000:]
+    assert C_LOG.search(bare.stderr), "TensorFlow printed no C++ log line: nothing to check"
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import _quiet
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    assert [line for line in bare.stderr.splitlines() if not _quiet.C_LOG_LINE.match(line)] == []
+
+
+def test_an_example_in_a_fresh_environment_prints_no_tensorflow_log_line():
+    result = fresh_run(str(EXAMPLES / "custom_loop_xla.py"), "--smoke")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "held-out accuracy:" in result.stdout
+    assert not C_LOG.search(result.stdout + result.stderr), result.stderr[-3000:]
+    assert result.stderr == ""
+
+
+@pytest.mark.slow
+def test_the_demo_in_a_fresh_environment_prints_progress_and_results_only():
+    result = fresh_run(str(EXAMPLES / "demo.py"), "--smoke")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert not C_LOG.search(result.stdout + result.stderr), result.stderr[-3000:]
+    assert result.stderr == ""
+    for method in [
+        "float32",
+        "mixed_float16 + Keras LossScaleOptimizer",
+        "mixed_float16 + keras_als",
+    ]:
+        assert re.search(rf"^training {re.escape(method)} \.\.\. \d+\.\d s$", result.stdout, re.M)
+    assert "keras_als per-layer scales:" in result.stdout
