@@ -61,19 +61,20 @@ def measure(model: str, method: str, steps: int = 20) -> Memory:
     return Memory(**json.loads(lines[-1]))
 
 
-def _xla_total(dump: str) -> int:
+def xla_total(dump: str, name: str = "train_step") -> int:
+    """The largest "Total bytes used" of XLA modules named like `name` in `dump`."""
     totals = []
-    for path in glob.glob(os.path.join(dump, "*train_step*buffer-assignment.txt")):
+    for path in glob.glob(os.path.join(dump, f"*{name}*buffer-assignment.txt")):
         with open(path) as f:
             found = re.search(r"Total bytes used: (\d+)", f.read())
         if found:
             totals.append(int(found.group(1)))
     if not totals:
-        raise RuntimeError("XLA wrote no buffer assignment for train_step")
+        raise RuntimeError(f"XLA wrote no buffer assignment for {name}")
     return max(totals)
 
 
-def _high_water_mb() -> float:
+def high_water_mb() -> float:
     """This process's peak resident set (VmHWM), MiB.
 
     Not `resource.getrusage().ru_maxrss`: Linux keeps that across `exec`, so a
@@ -95,14 +96,14 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
     model, optimizer = method.build(builder)
     step = common.compiled_step(model, optimizer, cost.loss_for(y, model))
     x, y = tf.constant(x), tf.constant(y)
-    before = _high_water_mb()
+    before = high_water_mb()
     for _ in range(steps):
         step(x, y).numpy()
-    peak = _high_water_mb()
+    peak = high_water_mb()
     return {
         "model": model_name,
         "method": method_name,
-        "xla_bytes": _xla_total(os.environ["XLA_DUMP_DIR"]),
+        "xla_bytes": xla_total(os.environ["XLA_DUMP_DIR"]),
         "peak_rss_mb": peak,
         "rss_growth_mb": peak - before,
     }

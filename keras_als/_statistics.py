@@ -25,11 +25,11 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     pruned from the traced graph, so they cost nothing.
     """
     crossed = plan.crossings.reduced
-    amaxes, mean_squares, overflow, silent = [], [], [], []
+    amaxes, mean_squares, overflow, silent, flushed = [], [], [], [], []
     for i, component in enumerate(plan.components):
         scale = plan.scales[i]
         seen = list(weight_amax[i])
-        incoming_finite, incoming_amax = [], []
+        incoming_finite, incoming_amax, lost = [], [], []
         for b in component.inside:
             if id(b) in crossed:
                 seen.append(crossed[id(b)].amax)
@@ -42,6 +42,8 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
                 seen.append(tf.where(post > limit, float("inf"), post))
                 incoming_finite.append(tf.math.is_finite(arrived))
                 incoming_amax.append(arrived)
+                if limit <= policies.FLOAT16_MAX:  # rounds to float16 here
+                    lost.append(tf.logical_and(arrived > 0, post < policies.FLOAT16_TINY / 2))
         component_amax = tf.reduce_max(tf.stack(seen)) / scale if seen else tf.constant(0.0)
         squares = [crossed[id(b)].mean_square for b in component.inside if id(b) in crossed] or [
             mean_square(g) for g in weight_grads[i]
@@ -56,6 +58,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
         mean_squares.append(component_square)
         started_here = tf.logical_not(tf.math.is_finite(component_amax))
         overflow.append(tf.logical_and(started_here, came_in_finite))
+        flushed.append(tf.reduce_any(tf.stack(lost)) if lost else tf.constant(False))
         silent.append(
             tf.reduce_max(tf.stack(incoming_amax)) == 0 if incoming_amax else tf.constant(False)
         )
@@ -66,6 +69,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
         silent=tf.stack(silent),
         downstream=plan.downstream(),
         names=tuple(c.name for c in plan.components),
+        flushed=tf.stack(flushed),
     )
 
 

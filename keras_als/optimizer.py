@@ -44,9 +44,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     and no inner optimizer slot) if any gradient is not finite, and asks the
     `policy` for the next scales from what this step measured.
 
-    With float32 compute the result equals training without scaling exactly:
-    scales are powers of two. Without a traced graph (`run_eagerly=True`) it
-    behaves like `keras.optimizers.LossScaleOptimizer` and warns once.
+    On a skipped step every component the overflow reached backs off, and a
+    component whose measured scale overflowed gains headroom for the spikes
+    it met (see `keras_als.policies`); a loss that is not finite moves no
+    scale. With float32 compute the chosen scales and scale 1 train to
+    bit-identical weights: scales are powers of two. Without a traced graph
+    (`run_eagerly=True`) it behaves like `keras.optimizers.LossScaleOptimizer`
+    and warns once.
 
     Args:
         inner_optimizer: The `keras.optimizers.Optimizer` that applies updates.
@@ -400,12 +404,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._write(plan, self.headroom, headroom.binades)
         self._write(plan, self.headroom_since, headroom.since)
         # Where it started: reached, and no component downstream of it was.
-        downstream = plan.downstream()
-        matrix = [
-            [1.0 if d in downstream[c] else 0.0 for d in range(len(downstream))]
-            for c in range(len(downstream))
-        ]
-        reached_below = tf.linalg.matvec(tf.constant(matrix), tf.cast(reached, tf.float32)) > 0
+        downstream = _downstream_matrix(plan)
+        reached_below = tf.linalg.matvec(downstream, tf.cast(reached, tf.float32)) > 0
         origin = tf.logical_and(reached, tf.logical_not(reached_below))
         counts = self._per_component(plan, self.overflow_counts)
         self._write(plan, self.overflow_counts, counts + tf.cast(origin, counts.dtype))
@@ -436,8 +436,21 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def _record_underflow(self, plan, statistics, weight_grads, float16):
         """The shares of float16 subnormals and of exact zeros, per component."""
         subnormal, zero = _statistics.underflow_shares(plan, weight_grads, float16)
-        # Where nothing reached the component, keep the last rates.
         silent = statistics.silent
+        if statistics.flushed is not None:
+            # A gradient that rounded to zero whole at a boundary, or a component
+            # whose every gradient is zero though gradient reached it, underflowed
+            # whole (or its units are all dead); so did what upstream of it
+            # received nothing (silent).
+            nothing = tf.logical_and(tf.equal(statistics.amax, 0.0), tf.logical_not(silent))
+            lost = tf.logical_or(statistics.flushed, nothing)
+            downstream = _downstream_matrix(plan)
+            for _ in range(FLUSH_PROPAGATION):
+                below = tf.linalg.matvec(downstream, tf.cast(lost, tf.float32)) > 0
+                lost = tf.logical_or(lost, tf.logical_and(silent, below))
+            subnormal = tf.where(lost, tf.ones_like(subnormal), subnormal)
+            silent = tf.logical_and(silent, tf.logical_not(lost))
+        # Where nothing else reached the component, keep the last rates.
         self._write(
             plan,
             self.underflow_rates,
@@ -462,7 +475,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             - `"underflow_rate"`: the share of the component's float16
               gradient values (its layers' input and weight gradients) that
               are subnormal, non-zero and below `2**-14`, where underflow
-              starts; near 0 where scaling loses nothing;
+              starts; near 0 where scaling loses nothing, 1 where the
+              component's gradient flushed to zero whole;
             - `"zero_rate"`: the share of exact zeros, true zeros (dead ReLU
               units, anchors left out of a loss) included;
             - `"overflows"`: skipped steps whose overflow started there;
@@ -625,6 +639,17 @@ def _stuck(telemetry: dict) -> str | None:
         "training diverge. Check the data (tf.debugging.check_numerics), train a few "
         "steps in float32, or lower the learning rate."
     )
+
+
+FLUSH_PROPAGATION = 8
+"""Components upstream of a flushed gradient marked as underflowed whole (telemetry)."""
+
+
+def _downstream_matrix(plan) -> tf.Tensor:
+    """`[c, d]` is 1 where gradient flows from component `d` into component `c`."""
+    downstream = plan.downstream()
+    n = len(downstream)
+    return tf.constant([[1.0 if d in downstream[c] else 0.0 for d in range(n)] for c in range(n)])
 
 
 def _not_finite(amaxes: list) -> tf.Tensor:

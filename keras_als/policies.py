@@ -89,6 +89,10 @@ class Statistics(NamedTuple):
             into it through a scale boundary (static structure).
         names: A name for each component: the wrapped layer whose scale
             variable holds it, or `"loss"` (static).
+        flushed: True where a float16 gradient flowing into the component
+            from downstream was not zero but rounds to zero, all of it, at the
+            component's scale; None where not measured. The telemetry reads
+            it, no policy does.
 
     Example:
 
@@ -105,6 +109,7 @@ class Statistics(NamedTuple):
     silent: tf.Tensor | None = None
     downstream: tuple[tuple[int, ...], ...] = ()
     names: tuple[str, ...] = ()
+    flushed: tf.Tensor | None = None
 
 
 def power_of_two_floor(x: tf.Tensor) -> tf.Tensor:
