@@ -207,6 +207,8 @@ def test_average_precision_against_hand_computed_areas():
     assert det.average_precision(scores, hits, 2) == pytest.approx(0.5 + 0.5 * 2 / 3)
     # A third object never found: recall steps of 1/3.
     assert det.average_precision(scores, hits, 3) == pytest.approx(1 / 3 + 1 / 3 * 2 / 3)
+    # Miss, hit, hit: precision 0, 1/2, 2/3 rises, so the envelope is 2/3 at both recalls.
+    assert det.average_precision([0.9, 0.8, 0.7], [0, 1, 1], 2) == pytest.approx(2 / 3)
     assert det.average_precision([0.5, 0.4], [1, 1], 2) == 1.0
     assert det.average_precision([0.5], [0], 2) == 0.0
 
