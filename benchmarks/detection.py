@@ -565,27 +565,56 @@ METHODS: tuple[common.Method, ...] = (
 QUICK_METHODS = ("float32", "mixed_no_scaling", "keras_lso", "als_max_safe")
 
 
+WARMUP_STEPS = 100
+"""Linear learning-rate warm-up, as detection recipes use (mmdetection's SSD: 500 steps)."""
+
+
+@keras.saving.register_keras_serializable(package="keras_als_benchmarks")
+class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
+    """`rate * min(1, (step + 1) / steps)`: linear warm-up, then constant.
+
+    The step is the optimizer's `iterations`, which counts applied steps only.
+    """
+
+    def __init__(self, rate: float, steps: int = WARMUP_STEPS):
+        self.rate = rate
+        self.steps = steps
+
+    def __call__(self, step):
+        ramp = (ops.cast(step, "float32") + 1.0) / float(self.steps)
+        return self.rate * ops.minimum(1.0, ramp)
+
+    def get_config(self):
+        return {"rate": self.rate, "steps": self.steps}
+
+
 def inner_optimizer(name: str, learning_rate: float) -> keras.optimizers.Optimizer:
-    """`"sgd"`: SGD with momentum 0.9 (SSD's); `"adam"`: Adam with Keras's defaults."""
+    """`"sgd"`: SGD with momentum 0.9 (SSD's); `"adam"`: Adam with Keras's defaults;
+    both with `WarmUp(learning_rate)`."""
     if name == "sgd":
-        return keras.optimizers.SGD(learning_rate, momentum=0.9)
-    return keras.optimizers.Adam(learning_rate)
+        return keras.optimizers.SGD(WarmUp(learning_rate), momentum=0.9)
+    return keras.optimizers.Adam(WarmUp(learning_rate))
 
 
 # ----------------------------------------------------------------------------- the plan
 
 BATCH = 16
 STEPS = 400
-LEARNING_RATES = {"sgd": 1e-3, "adam": 3e-3}
-"""Chosen on float32 alone, before any mixed run was compared: `--sweep` (seed 0, 400
-steps of batch 16, mAP on the validation split) gave, at steps 100/200/300/400,
-SGD 1e-3: 0.5/3.3/10.3/12.9; 3e-3: 0.0/0.0/0.1/0.0; 1e-2 and 3e-2: NaN loss (no
-BatchNorm, no warm-up); Adam 3e-4: 1.2/8.8/18.8/24.3; 1e-3: 10.6/30.0/41.5/56.1;
-3e-3: 14.7/25.4/45.4/62.4. The best at step 400 of each. `STEPS` and `BATCH` were
-fixed before the sweep, by the time budget (80 runs); the mAP is still rising at
-400 steps, SGD's most (it is compared early in its training)."""
-SWEEP = {"sgd": (1e-3, 3e-3, 1e-2, 3e-2), "adam": (3e-4, 1e-3, 3e-3)}
+LEARNING_RATES = {"sgd": 1e-3, "adam": 1e-2}
+"""Chosen on float32 alone: `--sweep` (seeds 0-2, `STEPS` steps of `BATCH`, warm-up,
+mean mAP on the validation split at step 400; `STEPS` and `BATCH` were fixed before,
+by the time budget of 80 runs). Mean validation mAP per rate:
+SGD 5e-4: 20.3, 1e-3: 30.9, 2e-3: 30.3; Adam 1e-3: 46.8, 3e-3: 71.8, 1e-2: 75.0,
+3e-2: 64.0. SGD is compared early in its training (its mAP still rises fast at 400).
+
+History, for honesty: a first sweep, seed 0 only and without warm-up, chose SGD
+1e-3 and Adam 3e-3 (SGD 1e-2 and 3e-2 gave NaN losses). The full plan started with
+them showed float32 SGD failing on 3 of 5 seeds (final loss 17-32, mAP ~0), and was
+stopped after the first 15 SGD runs (float32, no scaling, Keras LSO); warm-up
+(`WarmUp`) and this 3-seed sweep followed, judged on float32 runs alone."""
+SWEEP = {"sgd": (5e-4, 1e-3, 2e-3), "adam": (1e-3, 3e-3, 1e-2, 3e-2)}
 """The float32 learning rates `--sweep` tries, at `STEPS` steps, on the validation split."""
+SWEEP_SEEDS = (0, 1, 2)
 SEEDS = (0, 1, 2, 3, 4)
 QUICK_STEPS = 100
 """`--quick`: Adam (SGD's mAP is near 0 after 100 steps), 1 seed, `QUICK_METHODS`."""
@@ -801,16 +830,17 @@ def run_plan(
     return runs
 
 
-def sweep(steps: int = STEPS, log=print) -> list[Run]:
-    """float32 only, seed 0: every learning rate in `SWEEP`, mAP on the validation split
-    at quarters of `steps`. How `LEARNING_RATES` was chosen; no mixed run takes part."""
-    weights = [(0, initial_weights(0))]
+def sweep(steps: int = STEPS, seeds: tuple[int, ...] = SWEEP_SEEDS, log=print) -> list[Run]:
+    """float32 only: every learning rate in `SWEEP` on `seeds`, mAP on the validation
+    split at quarters of `steps`. How `LEARNING_RATES` was chosen (best mean mAP at
+    `steps`); no mixed run takes part."""
+    weights = [(seed, initial_weights(seed)) for seed in seeds]
     quarters = tuple(steps * k // 4 for k in (1, 2, 3))
     runs = []
     with common.worker_pool() as pool:
         for name, rates in SWEEP.items():
             for rate in rates:
-                (r,) = pool.submit(
+                found = pool.submit(
                     train_method,
                     common.FLOAT32,
                     name,
@@ -821,12 +851,15 @@ def sweep(steps: int = STEPS, log=print) -> list[Run]:
                     "validation",
                     quarters,
                 ).result()
-                curve = "  ".join(f"{k}: {100 * v:5.2f}" for k, v in r.map_at.items())
-                log(
-                    f"  {name:4s} lr {rate:g}: validation mAP {curve}  {steps}: {100 * r.map:5.2f}"
-                    f"  (final loss {r.final_loss:.3f}, {r.seconds:.0f}s)"
-                )
-                runs.append(r)
+                for r in found:
+                    curve = "  ".join(f"{k}: {100 * v:5.2f}" for k, v in r.map_at.items())
+                    log(
+                        f"  {name:4s} lr {rate:g} seed {r.seed}: validation mAP {curve}  "
+                        f"{steps}: {100 * r.map:5.2f}  (final loss {r.final_loss:.3f})"
+                    )
+                mean = np.mean([100 * r.map for r in found])
+                log(f"  {name:4s} lr {rate:g}: mean validation mAP at {steps} steps {mean:.2f}")
+                runs += found
     return runs
 
 

@@ -306,3 +306,10 @@ def test_paired_differences_are_by_seed_with_standard_errors():
     assert seeds == 3 and mean == pytest.approx(4 / 3)
     assert error == pytest.approx(math.sqrt(7 / 3) / math.sqrt(3))
     assert "| sgd | als_max_safe | 61.33 ± 9.61 | +1.33 ± 0.88 |" in det.table(runs)
+
+
+def test_warm_up_is_linear_then_constant():
+    schedule = det.WarmUp(0.01, steps=100)
+    values = [float(schedule(step)) for step in (0, 49, 99, 500)]
+    np.testing.assert_allclose(values, [1e-4, 5e-3, 1e-2, 1e-2], rtol=1e-6)
+    assert det.WarmUp.from_config(schedule.get_config()).steps == 100
