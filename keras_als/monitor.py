@@ -12,8 +12,9 @@ from keras_als.optimizer import AdaptiveLossScaleOptimizer
 class ScaleMonitor(keras.callbacks.Callback):
     """Shows what adaptive loss scaling does, while `fit` runs.
 
-    Every batch it adds `scale_min`, `scale_max`, `skipped_steps` and
-    `recent_skip_rate` to the logs, so the progress bar shows them (read every
+    Every batch it adds `scale_min`, `scale_max`, `skipped_steps`,
+    `recent_skip_rate`, `skipped_in_a_row` and `scaling_stuck` (1.0 when the
+    optimizer's stuck warning applies) to the logs, so the progress bar shows them (read every
     `every_n_steps` batches, so that reading costs little). Every
     `every_n_steps` batches it records, per wrapped layer and for the loss,
     the scale, the underflow rate (share of float16 subnormals), the share of
@@ -89,6 +90,8 @@ class ScaleMonitor(keras.callbacks.Callback):
                 "scale_max": max(scales),
                 "skipped_steps": telemetry["skipped_steps"],
                 "recent_skip_rate": telemetry["recent_skip_rate"],
+                "skipped_in_a_row": telemetry["skipped_in_a_row"],
+                "scaling_stuck": float(telemetry["warning"] is not None),
             }
             if self._step % self.every_n_steps == 0:
                 self._record(telemetry)

@@ -70,6 +70,11 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             Between, the scales stay and the boundaries skip their one
             reduction per layer, the main cost of keras_als. Whether a step is
             finite is checked on every step.
+        warn_after_skipped_steps: After this many skipped steps in a row (or
+            when a quarter of the last `SKIP_WINDOW` steps were skipped),
+            `telemetry()` and `ScaleMonitor` report the scaling as stuck and
+            raise one `UserWarning` saying where overflows started and what
+            usually causes it. Nothing stops or raises on its own.
         name: Optional name.
 
     Example:
@@ -94,6 +99,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         *,
         policy: str | policies.Policy = "max_safe",
         measure_every_n_steps: int = 16,
+        warn_after_skipped_steps: int = 20,
         **kwargs,
     ):
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
@@ -117,6 +123,15 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 "measure_every_n_steps must be a whole number >= 1 (1 measures every step); "
                 f"got {measure_every_n_steps!r}."
             )
+        if (
+            isinstance(warn_after_skipped_steps, bool)
+            or not isinstance(warn_after_skipped_steps, int)
+            or warn_after_skipped_steps < 1
+        ):
+            raise ValueError(
+                "warn_after_skipped_steps must be a whole number >= 1; "
+                f"got {warn_after_skipped_steps!r}."
+            )
         super().__init__(
             inner_optimizer,
             initial_scale=initial_scale,
@@ -126,6 +141,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         )
         self.policy = resolved
         self.measure_every_n_steps = measure_every_n_steps
+        self.warn_after_skipped_steps = warn_after_skipped_steps
         self.estimate_underflow = False  # count zeros when measuring (ScaleMonitor sets it)
         self._warned_eager = False
         self._warned_stuck = False
@@ -529,7 +545,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             "skipped_in_a_row": in_a_row,
             "steps": steps,
         }
-        telemetry["warning"] = _stuck(telemetry)
+        telemetry["warning"] = _stuck(telemetry, self.warn_after_skipped_steps)
         if telemetry["warning"] is not None and not self._warned_stuck:
             self._warned_stuck = True
             warnings.warn(telemetry["warning"], stacklevel=2)
@@ -587,6 +603,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def get_config(self):
         config = super().get_config()  # name, inner_optimizer, initial_scale, dynamic_growth_steps
         config["measure_every_n_steps"] = self.measure_every_n_steps
+        config["warn_after_skipped_steps"] = self.warn_after_skipped_steps
         config["policy"] = keras.saving.serialize_keras_object(self.policy)
         return config
 
@@ -636,18 +653,16 @@ SETTLING = 2.0**4
 """A scale that moved by this factor or more is still settling: measure again."""
 SKIP_WINDOW = 100
 """Steps over which `telemetry()["recent_skip_rate"]` is taken."""
-STUCK_IN_A_ROW = 20
-"""Skipped steps in a row after which the scaling is reported stuck."""
 STUCK_SHARE = 0.25
 """Share of the last `SKIP_WINDOW` steps skipped above which the scaling is reported stuck."""
 
 
-def _stuck(telemetry: dict) -> str | None:
+def _stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
     """Why the scaling looks stuck, from `telemetry()`'s numbers, or None."""
     in_a_row = telemetry["skipped_in_a_row"]
     share = telemetry["recent_skip_rate"]
     many = telemetry["steps"] >= SKIP_WINDOW and share >= STUCK_SHARE
-    if in_a_row < STUCK_IN_A_ROW and not many:
+    if in_a_row < in_a_row_limit and not many:
         return None
     floor = [n for n, s in telemetry["scale"].items() if s <= policies.MIN_SCALE]
     recent = sorted(
@@ -661,7 +676,7 @@ def _stuck(telemetry: dict) -> str | None:
     since = telemetry["steps"] - in_a_row
     what = (
         f"the last {in_a_row} steps were all skipped (since step {since})"
-        if in_a_row >= STUCK_IN_A_ROW
+        if in_a_row >= in_a_row_limit
         else f"{share:.0%} of the last {SKIP_WINDOW} steps were skipped"
     )
     where = f"; overflows started in: {', '.join(recent[:8])}" if recent else ""

@@ -38,7 +38,8 @@ ROUNDS_DOWN = (
     "(checked in test_a_scale_of_400_is_rounded_down_and_halves_like_keras_s)"
 )
 MORE_CONFIG = (
-    "keras_als's config has six keys (Keras's four, policy, measure_every_n_steps) and "
+    "keras_als's config has seven keys (Keras's four, policy, measure_every_n_steps, "
+    "warn_after_skipped_steps) and "
     "initial_scale=3.0 is rounded down to 2.0 (checked in test_keras_config_keys_and_ours)"
 )
 
@@ -151,7 +152,7 @@ def test_an_initial_scale_that_is_no_usable_number_is_refused(given):
 
 
 def test_keras_config_keys_and_ours():
-    """Keras's test_serialization with keras_als: Keras's four keys and two more."""
+    """Keras's test_serialization with keras_als: Keras's four keys and three more."""
     with pytest.warns(UserWarning, match="using 2.0"):
         optimizer = keras_als.AdaptiveLossScaleOptimizer(
             keras.optimizers.SGD(0.5, name="sgd"),
@@ -166,7 +167,11 @@ def test_keras_config_keys_and_ours():
         dynamic_growth_steps=2,
         name="test_opt",
     ).get_config()
-    assert set(config) == set(keras_config) | {"policy", "measure_every_n_steps"}
+    assert set(config) == set(keras_config) | {
+        "policy",
+        "measure_every_n_steps",
+        "warn_after_skipped_steps",
+    }
     assert {k: config[k] for k in keras_config} == dict(keras_config, initial_scale=2.0)
     restored = keras_als.AdaptiveLossScaleOptimizer.from_config(config)
     assert restored.get_config() == config
@@ -178,6 +183,7 @@ ARGUMENTS = {
     "initial_scale": 2.0**8,
     "dynamic_growth_steps": 2,
     "measure_every_n_steps": 3,
+    "warn_after_skipped_steps": 5,
     "policy": policies.ApproxRange(max_ratio=None),
     "name": "my_scaler",
 }
@@ -205,6 +211,7 @@ def _assert_has_every_argument(optimizer):
     assert optimizer.initial_scale == ARGUMENTS["initial_scale"]
     assert optimizer.dynamic_growth_steps == ARGUMENTS["dynamic_growth_steps"]
     assert optimizer.measure_every_n_steps == ARGUMENTS["measure_every_n_steps"]
+    assert optimizer.warn_after_skipped_steps == ARGUMENTS["warn_after_skipped_steps"]
     assert optimizer.policy == ARGUMENTS["policy"]
     assert optimizer.name == ARGUMENTS["name"]
 
