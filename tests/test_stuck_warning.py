@@ -36,7 +36,9 @@ def _fit(x, y, *, warn_after=20, every=1):
         before = [w.copy() for w in model.get_weights()]
         monitor = keras_als.ScaleMonitor(every_n_steps=every)
         seen = []
-        keep = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs=None: seen.append(dict(logs)))
+        keep = keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs=None: seen.append(dict(logs))
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[monitor, keep])
