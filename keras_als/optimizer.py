@@ -407,27 +407,29 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.step_counter.assign(tf.where(again, tf.zeros_like(counted), counted))
 
     def _learn_from_overflow(self, plan, reached, step):
-        """On a skipped step: every component the overflow reached backs off, and
-        those whose scale was measured gain headroom; telemetry notes the origin."""
+        """On a skipped step: every component the overflow reached backs off; where
+        it started (reached, and nothing downstream was) the measured scales gain
+        headroom and the measured ones upstream rise to that level; telemetry
+        notes the origin."""
         scales = policies.power_of_two_floor(
             tf.where(reached, plan.scales * policies.BACKOFF, plan.scales)
         )
         self._assign_scales(plan, scales)
+        downstream = _downstream_matrix(plan)
+        reached_below = tf.linalg.matvec(downstream, tf.cast(reached, tf.float32)) > 0
+        origin = tf.logical_and(reached, tf.logical_not(reached_below))
         measured = self._per_component(plan, self.measured) > 0
         headroom = policies.after_overflow(
             policies.Headroom(
                 self._per_component(plan, self.headroom),
                 self._per_component(plan, self.headroom_since),
             ),
-            tf.logical_and(reached, measured),
-            step,
+            reached=tf.logical_and(reached, measured),
+            origin=tf.logical_and(origin, measured),
+            step=step,
         )
         self._write(plan, self.headroom, headroom.binades)
         self._write(plan, self.headroom_since, headroom.since)
-        # Where it started: reached, and no component downstream of it was.
-        downstream = _downstream_matrix(plan)
-        reached_below = tf.linalg.matvec(downstream, tf.cast(reached, tf.float32)) > 0
-        origin = tf.logical_and(reached, tf.logical_not(reached_below))
         counts = self._per_component(plan, self.overflow_counts)
         self._write(plan, self.overflow_counts, counts + tf.cast(origin, counts.dtype))
         last = self._per_component(plan, self.last_overflow_step)

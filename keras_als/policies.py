@@ -14,13 +14,16 @@ Non-finite statistics never reach a policy: `next_scale` handles them (every
 component an overflow reached backs off by `BACKOFF`, the others keep their
 scale).
 
-Overflows also teach the scales. A component whose *measured* scale an
-overflow reached gains `HEADROOM_STEP` binades of *headroom*: the policy then
-plans for a largest gradient `2**headroom` times the one it measured, so a
+Overflows also teach the scales. A component where an overflow started
+gains `HEADROOM_STEP` binades of *headroom*, and the components upstream that
+the overflow passed through are raised to the same level (a spike in the loss
+is as large, relative to the ordinary gradients, all the way down): the policy
+then plans for a largest gradient `2**headroom` times the one it measured, so a
 spike that recurs (a rare sample with a far larger loss) is held instead of
-skipped again. The headroom shrinks by one binade per `HEADROOM_DECAY_STEPS`
-steps without another overflow, and components the overflow did not reach
-keep theirs (`Headroom`, `headroom_at`, `after_overflow`).
+skipped again. Only measured scales learn headroom. The headroom shrinks by one
+binade per `HEADROOM_DECAY_STEPS` steps without another overflow, and
+components the overflow did not reach keep theirs (`Headroom`, `headroom_at`,
+`after_overflow`).
 
 Example:
 
@@ -354,29 +357,51 @@ def headroom_at(headroom: Headroom, step: tf.Tensor) -> tf.Tensor:
     return tf.maximum(binades - tf.floor(elapsed / HEADROOM_DECAY_STEPS), 0.0)
 
 
-def after_overflow(headroom: Headroom, reached: tf.Tensor, step: tf.Tensor) -> Headroom:
-    """The headroom after an overflow at `step` reached the components in `reached`.
+def after_overflow(
+    headroom: Headroom, reached: tf.Tensor, origin: tf.Tensor, step: tf.Tensor
+) -> Headroom:
+    """The headroom after an overflow at `step`.
 
-        binades = min(headroom_at(step) + HEADROOM_STEP, MAX_HEADROOM)  where reached
-        since   = step                                                  where reached
+    `origin` marks the components where the overflow started, `reached` those
+    it reached (the origins and everything upstream of them, which saw its
+    non-finite values). The origins gain `HEADROOM_STEP` binades; a component
+    the overflow only passed through is raised to the origins' new level, not
+    by a step of its own, so that layers far upstream do not add up the
+    headroom of every overflow that passed them:
 
-    Pass in `reached` only the components whose scale was chosen from a
-    measurement: an overflow of a first guess says nothing about spikes.
+        now     = headroom_at(step)
+        raised  = min(now + HEADROOM_STEP, MAX_HEADROOM)       where origin
+        level   = max(raised over the origins)
+        binades = raised                      where origin
+                  level                       where reached, not origin, level > now
+                  unchanged                   elsewhere
+        since   = step                        where binades changed
+
+    Pass in `reached` and `origin` only the components whose scale was chosen
+    from a measurement: an overflow of a first guess says nothing about spikes.
 
     Example:
 
-    >>> h = Headroom(binades=np.zeros(2, np.float32), since=np.zeros(2, np.float32))
-    >>> after = after_overflow(h, np.array([True, False]), 10.0)
+    >>> h = Headroom(binades=np.array([0.0, 6.0, 0.0], np.float32),
+    ...              since=np.zeros(3, np.float32))
+    >>> reached, origin = np.array([True, True, True]), np.array([True, False, False])
+    >>> after = after_overflow(h, reached, origin, 10.0)
     >>> after.binades.numpy(), after.since.numpy()
-    (array([4., 0.], dtype=float32), array([10.,  0.], dtype=float32))
+    (array([4., 6., 4.], dtype=float32), array([10.,  0., 10.], dtype=float32))
     """
     reached = tf.convert_to_tensor(reached, tf.bool)
+    origin = tf.logical_and(tf.convert_to_tensor(origin, tf.bool), reached)
     step = tf.cast(step, tf.float32)
-    raised = tf.minimum(headroom_at(headroom, step) + HEADROOM_STEP, MAX_HEADROOM)
+    now = headroom_at(headroom, step)
+    raised = tf.minimum(now + HEADROOM_STEP, MAX_HEADROOM)
+    level = tf.reduce_max(tf.where(origin, raised, 0.0))
+    passed = reached & ~origin & (level > now)
+    changed = origin | passed
+    binades = tf.convert_to_tensor(headroom.binades, tf.float32)
     since = tf.convert_to_tensor(headroom.since, tf.float32)
     return Headroom(
-        binades=tf.where(reached, raised, tf.convert_to_tensor(headroom.binades, tf.float32)),
-        since=tf.where(reached, tf.fill(tf.shape(since), step), since),
+        binades=tf.where(origin, raised, tf.where(passed, level, binades)),
+        since=tf.where(changed, tf.fill(tf.shape(since), step), since),
     )
 
 

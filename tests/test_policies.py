@@ -174,3 +174,65 @@ def test_any_statistics_give_finite_powers_of_two_within_bounds(
     assert np.all((result >= policies.MIN_SCALE) & (result <= policies.MAX_SCALE))
     mantissa, _ = np.frexp(result)
     assert np.all(mantissa == 0.5)
+
+
+# --- headroom learned from overflows (closed-form values) ---------------------
+
+
+def _headroom(binades, since):
+    return policies.Headroom(np.array(binades, np.float32), np.array(since, np.float32))
+
+
+def test_headroom_decays_one_binade_per_decay_period_and_stops_at_zero():
+    h = _headroom([5.0, 1.0], [0.0, 0.0])
+    period = policies.HEADROOM_DECAY_STEPS
+    for step, expected in [
+        (0, [5, 1]),
+        (period - 1, [5, 1]),
+        (period, [4, 0]),
+        (9 * period, [0, 0]),
+    ]:
+        np.testing.assert_array_equal(policies.headroom_at(h, float(step)).numpy(), expected)
+
+
+def test_an_overflow_raises_its_origin_by_one_step_and_what_it_passed_to_that_level():
+    """Origin 0 (headroom 2) rises to 2 + HEADROOM_STEP; component 1 (reached,
+    holding 9) keeps 9; component 2 (reached, 0) rises to the origin's level;
+    component 3 (not reached) keeps its 1 and its `since`."""
+    h = _headroom([2.0, 9.0, 0.0, 1.0], [0.0, 0.0, 0.0, 5.0])
+    reached = np.array([True, True, True, False])
+    origin = np.array([True, False, False, False])
+    after = policies.after_overflow(h, reached, origin, 100.0)
+    level = 2.0 + policies.HEADROOM_STEP
+    np.testing.assert_array_equal(after.binades.numpy(), [level, 9.0, level, 1.0])
+    np.testing.assert_array_equal(after.since.numpy(), [100.0, 0.0, 100.0, 5.0])
+
+
+def test_an_overflow_passing_a_component_that_holds_more_headroom_adds_none_to_it():
+    """Chain 0 <- 1 <- 2 (0 furthest upstream). Two overflows start at 0 (it
+    needs 8 binades); then one starts at 2 and passes 1 and 0: 2 and 1 rise to
+    4, and 0 keeps 8 (adding a step per passing overflow would make it 12)."""
+    h = _headroom([0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+    chain = np.arange(3)
+    for step, start in enumerate([0, 0, 2]):
+        h = policies.after_overflow(h, chain <= start, chain == start, float(step))
+    step = policies.HEADROOM_STEP
+    np.testing.assert_array_equal(h.binades.numpy(), [2 * step, step, step])
+    np.testing.assert_array_equal(h.since.numpy(), [1.0, 2.0, 2.0])
+
+
+def test_headroom_is_capped():
+    h = _headroom([policies.MAX_HEADROOM - 1.0], [0.0])
+    after = policies.after_overflow(h, np.array([True]), np.array([True]), 1.0)
+    assert after.binades.numpy()[0] == policies.MAX_HEADROOM
+
+
+def test_the_policy_plans_for_gradients_two_to_the_headroom_times_larger():
+    """max_safe with amax 1: the scale with 4 binades of headroom is 2**-4 of the one without."""
+    statistics = stats([1.0, 1.0])
+    scale = np.array([1.0, 1.0], np.float32)
+    plain = next_scale(MaxSafe(), statistics, scale).numpy()
+    held = next_scale(
+        MaxSafe(), statistics, scale, headroom=np.array([0.0, 4.0], np.float32)
+    ).numpy()
+    assert held[0] == plain[0] and held[1] == plain[1] * 2.0**-4
