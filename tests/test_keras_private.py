@@ -1,0 +1,70 @@
+"""Every private Keras/TF API in keras_als/_keras_private.py still does what it is used for.
+
+A Keras or TensorFlow upgrade that moves or changes one of them fails here, by
+name, rather than deep inside a training step.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_als import _keras_private as private
+
+
+def test_the_module_exports_exactly_the_names_it_documents():
+    assert sorted(private.__all__) == [
+        "Functional",
+        "converts_inputs",
+        "get_keras_mask",
+        "input_name",
+        "no_automatic_dependency_tracking",
+        "set_keras_mask",
+        "strategy_supports_no_merge_call",
+    ]
+    for name in private.__all__:
+        assert getattr(private, name) is not None, name
+
+
+def test_functional_is_the_class_of_graph_models_and_not_of_subclassed_ones():
+    inputs = keras.Input((3,))
+    functional = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    assert isinstance(functional, private.Functional)
+    assert not isinstance(Subclassed(), private.Functional)
+
+
+def test_a_mask_set_on_a_tensor_is_read_back():
+    x = tf.constant([[1.0, 2.0]])
+    mask = tf.constant([[True, False]])
+    assert private.get_keras_mask(x) is None
+    private.set_keras_mask(x, mask)
+    np.testing.assert_array_equal(private.get_keras_mask(x).numpy(), mask.numpy())
+
+
+def test_input_name_is_the_name_given_to_keras_input():
+    assert private.input_name(keras.Input((3,), name="pixels")) == "pixels"
+
+
+def test_converts_inputs_is_true_for_ordinary_layers():
+    assert private.converts_inputs(keras.layers.Dense(2)) is True
+
+
+def test_no_automatic_dependency_tracking_keeps_an_attribute_out_of_tracking():
+    class Holder(keras.layers.Layer):
+        @private.no_automatic_dependency_tracking
+        def keep(self, layers):
+            self.kept = layers
+
+    holder = Holder()
+    dense = keras.layers.Dense(2)
+    dense.build((None, 3))
+    holder.keep([dense])
+    assert holder.weights == []
+
+
+def test_the_default_strategy_is_asked_without_error():
+    assert isinstance(private.strategy_supports_no_merge_call(), bool)
