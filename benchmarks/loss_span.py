@@ -112,6 +112,7 @@ class Run:
     flushed: float  # share of the digit branch's weight gradients flushed to zero
     scales: dict  # the digit branch's scale per layer at the end
     seconds: float
+    flushed_layers: dict = dataclasses.field(default_factory=dict)  # per layer of it
 
 
 def _digit_loss(model, x, y):
@@ -119,30 +120,34 @@ def _digit_loss(model, x, y):
     return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
 
 
-def flushed_share(model, x, y, scales: dict) -> float:
-    """Share of the digit branch's weight gradients that are zero at `scales`
-    (per layer name) and not at `REFERENCE_SCALE`, on one batch."""
+def flushed_shares(model, x, y, scales: dict) -> dict[str, float]:
+    """Per layer of the digit branch, and `"all"`: the share of its weight
+    gradients that are zero at `scales` (per layer name) though not at
+    `REFERENCE_SCALE`, on one batch."""
     variables = [v for v in model.trainable_variables if _layer(v) in BRANCH]
 
     def gradients(scale_of):
-        # A loss multiplied by s scales every gradient by s; per layer, the
-        # gradient reaching it must be at that layer's scale, so each layer's
-        # weight gradient is taken from the loss at its own scale.
+        # Each layer's weight gradient from the loss at that layer's own scale.
         out = []
         for v in variables:
             with tf.GradientTape() as tape:
                 loss = _digit_loss(model, x, y) * scale_of(v)
-            out.append(tape.gradient(loss, v))
+            out.append(tape.gradient(loss, v).numpy())
         return out
 
     reference = gradients(lambda v: REFERENCE_SCALE)
     actual = gradients(lambda v: scales.get(_layer(v), 1.0))
-    nonzero = sum(int(np.count_nonzero(g.numpy())) for g in reference)
-    lost = sum(
-        int(np.count_nonzero((a.numpy() == 0) & (r.numpy() != 0)))
-        for a, r in zip(actual, reference)
-    )
-    return lost / max(1, nonzero)
+    counts = {}
+    for v, a, r in zip(variables, actual, reference):
+        lost, nonzero = counts.get(_layer(v), (0, 0))
+        counts[_layer(v)] = (
+            lost + int(np.count_nonzero((a == 0) & (r != 0))),
+            nonzero + int(np.count_nonzero(r)),
+        )
+    shares = {name: lost / max(1, nonzero) for name, (lost, nonzero) in counts.items()}
+    total = [sum(c) for c in zip(*counts.values())]
+    shares["all"] = total[0] / max(1, total[1])
+    return shares
 
 
 def _layer(variable) -> str:
@@ -150,8 +155,9 @@ def _layer(variable) -> str:
     return parts[-2] if len(parts) >= 2 else parts[0]
 
 
-def train(exponent: float, method: str, seed: int, epochs: int = EPOCHS) -> Run:
-    """One training run; returns its outcome and mechanism numbers."""
+def train(exponent: float, method: str, seed: int, epochs: int | None = None) -> Run:
+    """One training run (`EPOCHS` unless given); returns its outcome and mechanism numbers."""
+    epochs = EPOCHS if epochs is None else epochs
     common.fresh_session()
     x, y, value, x_test, y_test, value_test = data(exponent)
     keras.config.set_dtype_policy("float32")
@@ -207,10 +213,10 @@ def train(exponent: float, method: str, seed: int, epochs: int = EPOCHS) -> Run:
             )
         else:
             scales = dict.fromkeys(BRANCH, 1.0)
-        flushed = (
-            float("nan")
+        shares = (
+            {}
             if method == "float32"
-            else flushed_share(model, x_test[:BATCH], y_test[:BATCH], scales)
+            else flushed_shares(model, x_test[:BATCH], y_test[:BATCH], scales)
         )
     finally:
         keras.config.set_dtype_policy("float32")
@@ -221,9 +227,10 @@ def train(exponent: float, method: str, seed: int, epochs: int = EPOCHS) -> Run:
         float(result["digit_accuracy"]),
         float(result["value_loss"]) / 10.0 ** (2 * exponent),
         skipped,
-        flushed,
+        shares.get("all", float("nan")),
         scales,
         seconds,
+        {k: v for k, v in shares.items() if k != "all"},
     )
 
 

