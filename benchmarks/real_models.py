@@ -230,6 +230,8 @@ def markdown(results: dict) -> str:
     """The real-model table of RESULTS.md."""
     steps = results["steps"]
     lines = [
+        "# Real architectures (issue 12)",
+        "",
         f"mixed_float16, XLA, Adam 1e-3, batch {results['batch']}, {steps} steps, same "
         "weights and batches for both optimizers (`python -m benchmarks.real_models`).",
         "",

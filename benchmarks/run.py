@@ -202,8 +202,34 @@ def _environment() -> str:
     )
 
 
-def markdown(results: dict, targets: list[report.Target], command: str, images: list[str]) -> str:
-    """RESULTS.md from the results and targets."""
+SEPARATE = ("loss_span", "detection", "heavy_tails", "real_models")
+"""Benchmarks run by their own commands; RESULTS.md takes in the tables they wrote."""
+
+
+def separate_sections(folder: str) -> list[str]:
+    """The markdown each separate benchmark wrote into `folder`, headings one level down."""
+    sections = []
+    for name in SEPARATE:
+        path = os.path.join(folder, f"{name}.md")
+        if os.path.exists(path):
+            with open(path) as f:
+                text = f.read().strip()
+            sections.append(
+                "\n".join(
+                    "#" + line if line.startswith("#") else line for line in text.splitlines()
+                )
+            )
+    return sections
+
+
+def markdown(
+    results: dict,
+    targets: list[report.Target],
+    command: str,
+    images: list[str],
+    separate: list[str] = (),
+) -> str:
+    """RESULTS.md from the results and targets, and the separate benchmarks' sections."""
     when = results.get("date") or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     seconds = results["seconds"]
     methods = {m.name: m for m in common.ALL_METHODS + cost.BREAKDOWN}
@@ -328,6 +354,16 @@ def markdown(results: dict, targets: list[report.Target], command: str, images: 
         *[f"![{name}]({name})" for name in images],
         "",
     ]
+    if separate:
+        lines += [
+            "## 6. Benchmarks with their own commands",
+            "",
+            "Each wrote its own table (command, date and commit in its section); this "
+            "file takes them in as they are when it is rendered.",
+            "",
+        ]
+        for section in separate:
+            lines += [section, ""]
     return "\n".join(lines)
 
 
@@ -403,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         results["memory"],
     )
     images = plots.save_all(results["runs"], results["measurements"], folder)
-    text = markdown(results, targets, command, images)
+    text = markdown(results, targets, command, images, separate_sections(folder))
     with open(os.path.join(folder, "RESULTS.md"), "w") as f:
         f.write(text)
     with open(os.path.join(folder, "results.json"), "w") as f:
