@@ -114,24 +114,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             )
         resolved = policies.get(policy)
         initial_scale = _power_of_two_at_most(initial_scale)
-        if (
-            isinstance(measure_every_n_steps, bool)
-            or not isinstance(measure_every_n_steps, int)
-            or measure_every_n_steps < 1
-        ):
-            raise ValueError(
-                "measure_every_n_steps must be a whole number >= 1 (1 measures every step); "
-                f"got {measure_every_n_steps!r}."
-            )
-        if (
-            isinstance(warn_after_skipped_steps, bool)
-            or not isinstance(warn_after_skipped_steps, int)
-            or warn_after_skipped_steps < 1
-        ):
-            raise ValueError(
-                "warn_after_skipped_steps must be a whole number >= 1; "
-                f"got {warn_after_skipped_steps!r}."
-            )
+        _check_count("measure_every_n_steps", measure_every_n_steps, " (1 measures every step)")
+        _check_count("warn_after_skipped_steps", warn_after_skipped_steps)
         super().__init__(
             inner_optimizer,
             initial_scale=initial_scale,
@@ -619,6 +603,12 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if isinstance(policy, dict):
             policy = keras.saving.deserialize_keras_object(policy, custom_objects=custom_objects)
         return cls(inner, policy=policy, **config)
+
+
+def _check_count(name: str, value, hint: str = "") -> None:
+    """Raises a ValueError unless `value` is a whole number >= 1 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1{hint}; got {value!r}.")
 
 
 def _power_of_two_at_most(initial_scale) -> float:

@@ -102,3 +102,10 @@ def test_clean_training_never_warns():
     _, optimizer, _, logs, stuck = _fit(x, y)
     assert stuck == [] and optimizer.telemetry()["warning"] is None
     assert all(log["scaling_stuck"] == 0.0 for log in logs)
+
+
+@pytest.mark.parametrize("argument", ["warn_after_skipped_steps", "measure_every_n_steps"])
+@pytest.mark.parametrize("value", [0, -3, 2.5, True, "20"])
+def test_counts_that_are_not_whole_numbers_of_at_least_one_are_refused(argument, value):
+    with pytest.raises(ValueError, match=f"{argument} must be a whole number >= 1"):
+        keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(), **{argument: value})
