@@ -182,7 +182,9 @@ def two_losses_far_apart(smoke=False):
         for layer, share in run.flushed_layers.items():
             bar = "#" * round(40 * share)
             scale = run.scales[layer]
-            print(f"  {layer:7s} scale 2^{int(np.log2(scale)):<4d} {100 * share:5.1f}% |{bar:40s}|")
+            head = "  (the float32 head: its gradients stay float32)" if layer == "digit" else ""
+            power = int(np.log2(scale))
+            print(f"  {layer:7s} scale 2^{power:<4d} {100 * share:5.1f}% |{bar:40s}|{head}")
 
 
 if __name__ == "__main__":

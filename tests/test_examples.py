@@ -118,3 +118,14 @@ def test_the_demo_in_a_fresh_environment_prints_progress_and_results_only():
     ]:
         assert re.search(rf"^training {re.escape(method)} \.\.\. \d+\.\d s$", result.stdout, re.M)
     assert "keras_als per-layer scales:" in result.stdout
+    # Part 2: the classifier's gradients flush at Keras's one scale, not at keras_als's.
+    flushed = dict(
+        re.findall(
+            r"^(mixed_float16 \+ \S+(?: LossScaleOptimizer)?) +[\d.]+% +\d+ +([\d.]+)%$",
+            result.stdout,
+            re.M,
+        )
+    )
+    assert float(flushed["mixed_float16 + Keras LossScaleOptimizer"]) > 50.0, result.stdout
+    assert float(flushed["mixed_float16 + keras_als"]) < 1.0, result.stdout
+    assert re.search(r"^  digit0  scale 2\^-\d+ +100\.0% \|#+", result.stdout, re.M)
