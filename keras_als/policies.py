@@ -370,12 +370,11 @@ def after_overflow(
     headroom of every overflow that passed them:
 
         now     = headroom_at(step)
-        raised  = min(now + HEADROOM_STEP, MAX_HEADROOM)       where origin
-        level   = max(raised over the origins)
-        binades = raised                      where origin
-                  level                       where reached, not origin, level > now
-                  unchanged                   elsewhere
-        since   = step                        where binades changed
+        raised  = min(now + HEADROOM_STEP, MAX_HEADROOM)
+        level   = max of raised over the origins
+        binades = raised   where origin
+        binades = level    where reached, not origin, and level > now
+        since   = step     where binades changed (elsewhere both stay)
 
     Pass in `reached` and `origin` only the components whose scale was chosen
     from a measurement: an overflow of a first guess says nothing about spikes.
