@@ -64,36 +64,34 @@ def _image_head(base: keras.Model) -> keras.Model:
     return keras.Model(inputs, keras.layers.Dense(10, dtype="float32", name="logits")(features))
 
 
+TINY_BACKBONE = {
+    "vocabulary_size": VOCABULARY,
+    "num_layers": 2,
+    "num_heads": 2,
+    "hidden_dim": 32,
+    "intermediate_dim": 64,
+    "max_sequence_length": SEQUENCE,
+}
+"""The KerasHub backbones' size: two blocks, built from the constructor (no download)."""
+
+
 def gpt2_tiny() -> keras.Model:
     """A two-block KerasHub GPT-2 backbone, mean-pooled, 2 classes."""
     import keras_hub
 
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCABULARY,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=32,
-        intermediate_dim=64,
-        max_sequence_length=SEQUENCE,
-    )
-    pooled = keras.layers.GlobalAveragePooling1D()(backbone(backbone.input))
-    logits = keras.layers.Dense(2, dtype="float32", name="logits")(pooled)
-    return keras.Model(backbone.input, logits)
+    backbone = keras_hub.models.GPT2Backbone(**TINY_BACKBONE)
+    return _text_head(backbone, keras.layers.GlobalAveragePooling1D()(backbone(backbone.input)))
 
 
 def bert_tiny() -> keras.Model:
     """A two-block KerasHub BERT backbone, its pooled output, 2 classes."""
     import keras_hub
 
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=VOCABULARY,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=32,
-        intermediate_dim=64,
-        max_sequence_length=SEQUENCE,
-    )
-    pooled = backbone(backbone.input)["pooled_output"]
+    backbone = keras_hub.models.BertBackbone(**TINY_BACKBONE)
+    return _text_head(backbone, backbone(backbone.input)["pooled_output"])
+
+
+def _text_head(backbone: keras.Model, pooled) -> keras.Model:
     logits = keras.layers.Dense(2, dtype="float32", name="logits")(pooled)
     return keras.Model(backbone.input, logits)
 
