@@ -123,7 +123,10 @@ def wrap_model(model: keras.Model) -> keras.Model:
     as they are. Nested graph models (Sequential, Functional, and subclasses
     of Functional such as KerasHub backbones) are wrapped layer by layer at any
     depth. The copy has the same weights (values copied, not shared) and
-    computes the same outputs; it saves and loads as a `.keras` file.
+    computes the same outputs; it saves and loads as a `.keras` file. Each
+    wrapper takes the name of the layer it wraps, so `get_layer`, the output
+    names (the keys of a loss or metric dict, of `history`) and the names in
+    `model.summary()` are the original model's.
 
     A subclass of a functional model (a KerasHub backbone or task, say) is
     copied as a plain `keras.Model` with the same inputs, outputs and layers:
@@ -149,8 +152,8 @@ def wrap_model(model: keras.Model) -> keras.Model:
     >>> hidden = keras.layers.Dense(4, name="hidden")(inputs)
     >>> outputs = keras.layers.Add(name="residual")([inputs, hidden])
     >>> model = keras.Model(inputs, keras.layers.Dense(2, name="head")(outputs))
-    >>> [layer.name for layer in keras_als.wrap_model(model).layers[1:]]
-    ['hidden_scaled', 'residual_scaled', 'head_scaled']
+    >>> [(layer.name, type(layer).__name__) for layer in keras_als.wrap_model(model).layers[1:]]
+    [('hidden', 'AdaptiveScaled'), ('residual', 'AdaptiveScaled'), ('head', 'AdaptiveScaled')]
     """
     if not isinstance(model, keras.Model) or not _is_graph_model(model):
         raise ValueError(
@@ -188,11 +191,11 @@ def _copy_wrapped(model: keras.Model) -> keras.Model:
         clone = layer.__class__.from_config(layer.get_config())
         if isinstance(layer, AdaptiveScaled) or not layer.trainable_weights:
             return clone
-        return AdaptiveScaled(clone)
+        return AdaptiveScaled(clone, name=layer.name)
 
     def call_layer(layer, *args, **kwargs):
         if _joins_branches(layer, args, kwargs):
-            layer = AdaptiveScaled(layer)
+            layer = AdaptiveScaled(layer, name=layer.name)
         return layer(*args, **kwargs)
 
     if isinstance(model, keras.Sequential):

@@ -171,10 +171,10 @@ def test_a_wrapped_branch_that_does_not_reach_the_loss_is_ignored():
         grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
 
-    idle = [w.copy() for w in model.get_layer("unused_scaled").get_weights()]
+    idle = [w.copy() for w in model.get_layer("unused").get_weights()]
     for _ in range(3):
         step()
-    for a, b in zip(model.get_layer("unused_scaled").get_weights(), idle, strict=True):
+    for a, b in zip(model.get_layer("unused").get_weights(), idle, strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(optimizer.iterations.numpy()) == 3
 

@@ -76,7 +76,9 @@ def test_summary_counts_the_same_parameters():
     lines = []
     wrapped.summary(print_fn=lambda line, **_: lines.append(line))
     text = "\n".join(lines)
-    assert "conv2d_scaled" in text and "AdaptiveScaled" in text
+    names = [layer.name for layer in model.layers]
+    assert [layer.name for layer in wrapped.layers] == names
+    assert "AdaptiveScaled" in text and "conv2d" in text and "_scaled" not in text
 
 
 def test_wrap_model_keeps_input_names_and_wraps_weights_and_joins_only():
@@ -88,6 +90,28 @@ def test_wrap_model_keeps_input_names_and_wraps_weights_and_joins_only():
     joins = [w.layer for w in wrapped.layers if isinstance(w, keras_als.AdaptiveScaled)]
     assert [type(j).__name__ for j in joins if not j.weights] == ["Concatenate"]
     assert wrapped.layers[0].name == model.layers[0].name
+
+
+def test_wrapped_model_keeps_layer_and_output_names_for_loss_dicts_and_history():
+    inputs = keras.Input((4,))
+    trunk = layers.Dense(8, name="trunk")(inputs)
+    model = keras.Model(
+        inputs, [layers.Dense(2, name="classes")(trunk), layers.Dense(1, name="box")(trunk)]
+    )
+    wrapped = keras_als.wrap_model(model)
+    assert wrapped.output_names == model.output_names == ["classes", "box"]
+    assert isinstance(wrapped.get_layer("trunk"), keras_als.AdaptiveScaled)
+    x = np.ones((8, 4), "float32")
+    y = {"classes": np.zeros((8, 2), "float32"), "box": np.zeros((8, 1), "float32")}
+    histories = []
+    for m, optimizer in (
+        (model, keras.optimizers.Adam()),
+        (wrapped, keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam())),
+    ):
+        m.compile(optimizer, loss={"classes": "mse", "box": "mae"}, metrics={"box": ["mae"]})
+        histories.append(m.fit(x, y, epochs=1, verbose=0).history)
+    assert sorted(histories[1]) == sorted(histories[0])
+    assert set(wrapped.optimizer.layer_scales()) == {"loss", "trunk", "classes", "box"}
 
 
 def test_a_weightless_layer_on_one_tensor_stays_unwrapped():
