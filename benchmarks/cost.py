@@ -175,7 +175,9 @@ def interleaved(
         for method in methods:
             model, optimizer = method.build(builder, weights, keras.optimizers.Adam(1e-4))
             if method.wrap:
-                wrapped = sum(1 for layer in model.layers if isinstance(layer, keras_als.AdaptiveScaled))
+                wrapped = sum(
+                    1 for layer in model.layers if isinstance(layer, keras_als.AdaptiveScaled)
+                )
             steps.append((method.name, common.compiled_step(model, optimizer, loss_for(y, model))))
     x, y = tf.constant(x), tf.constant(y)
     for _, step in steps:
