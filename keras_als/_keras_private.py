@@ -19,6 +19,7 @@ __all__ = [
     "get_keras_mask",
     "input_name",
     "no_automatic_dependency_tracking",
+    "producer",
     "set_keras_mask",
     "strategy_supports_no_merge_call",
 ]
@@ -43,6 +44,15 @@ def input_name(tensor) -> str:
     It is read off the tensor's `_keras_history`, which has no public accessor.
     """
     return tensor._keras_history.operation.name
+
+
+def producer(tensor):
+    """The layer (or operation) whose call produced symbolic `tensor`.
+
+    `wrap_model(scale_each_output=True)` finds a model's output layers by it;
+    like `input_name`, it reads the private `_keras_history`.
+    """
+    return tensor._keras_history.operation
 
 
 def converts_inputs(layer) -> bool:

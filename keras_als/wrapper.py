@@ -11,6 +11,7 @@ from keras_als._keras_private import (
     converts_inputs,
     get_keras_mask,
     input_name,
+    producer,
     set_keras_mask,
 )
 from keras_als.optimizer import mark_owner
@@ -34,8 +35,17 @@ class AdaptiveScaled(keras.layers.Wrapper):
     layer's non-trainable state (the moving statistics of BatchNormalization)
     is undone too, so a skipped batch leaves no trace.
 
+    With `scale_outputs=True` the gradient arriving at the layer's outputs
+    crosses a boundary too: the layer's weights then get a scale of their own,
+    apart from what lies downstream. On a model's output layer this gives each
+    output's loss its own scale (see `wrap_model(scale_each_output=True)`).
+    The outputs are then returned in float32 (as Keras advises for a model's
+    outputs under mixed precision), so that the gradient from the loss reaches
+    the boundary before it is rounded to float16.
+
     Args:
         layer: The layer to wrap.
+        scale_outputs: Also place a boundary on the layer's floating-point outputs.
         **kwargs: Layer arguments such as `name` (default: `"<layer>_scaled"`).
 
     Example:
@@ -48,7 +58,7 @@ class AdaptiveScaled(keras.layers.Wrapper):
     ('hidden_scaled', 'hidden')
     """
 
-    def __init__(self, layer: keras.layers.Layer, **kwargs):
+    def __init__(self, layer: keras.layers.Layer, scale_outputs: bool = False, **kwargs):
         if isinstance(layer, AdaptiveScaled):
             raise ValueError(f"Layer {layer.name!r} is already wrapped in AdaptiveScaled.")
         if not isinstance(layer, keras.layers.Layer):
@@ -58,6 +68,7 @@ class AdaptiveScaled(keras.layers.Wrapper):
         kwargs.setdefault("name", f"{layer.name}_scaled")
         kwargs.setdefault("dtype", layer.dtype_policy)
         super().__init__(layer, **kwargs)
+        self.scale_outputs = bool(scale_outputs)
         self.supports_masking = layer.supports_masking
         # The wrapped layer casts its own inputs; casting here too would be redundant.
         self._convert_input_args = False
@@ -90,7 +101,32 @@ class AdaptiveScaled(keras.layers.Wrapper):
         outputs = self.layer(*args, **kwargs)
         _forward_state.record(state)
         mark_owner(self, self.layer.trainable_weights)
+        if self.scale_outputs:
+            outputs = self._cross_outputs(outputs)
         return outputs
+
+    def _cross_outputs(self, outputs):
+        """`outputs` through one boundary, in float32 (masks kept).
+
+        The boundary sits on the float32 side: a float16 gradient arriving
+        from the loss would already have rounded (and underflowed) at the
+        loss's scale before the boundary could change it.
+        """
+        flat = keras.tree.flatten(outputs)
+        floating = [
+            i for i, x in enumerate(flat) if isinstance(x, tf.Tensor) and x.dtype.is_floating
+        ]
+        wide = [tf.cast(flat[i], tf.float32) for i in floating]
+        crossed = _boundary.insert(self, wide, upstream=[flat[i] for i in floating])
+        for i, x in zip(floating, crossed):
+            mask = get_keras_mask(flat[i])
+            if mask is not None:
+                set_keras_mask(x, mask)
+            flat[i] = x
+        return keras.tree.pack_sequence_as(outputs, flat)
+
+    def get_config(self):
+        return {**super().get_config(), "scale_outputs": self.scale_outputs}
 
     def _as_layer_input(self, x):
         """`x` cast to the wrapped layer's input dtype, as its `__call__` would."""
@@ -112,7 +148,7 @@ class AdaptiveScaled(keras.layers.Wrapper):
         return self.layer.compute_mask(inputs, mask)
 
 
-def wrap_model(model: keras.Model) -> keras.Model:
+def wrap_model(model: keras.Model, scale_each_output: bool = False) -> keras.Model:
     """Returns a copy of `model` with its layers wrapped in `AdaptiveScaled`.
 
     Every layer with trainable weights is wrapped, and so is every layer that
@@ -135,6 +171,14 @@ def wrap_model(model: keras.Model) -> keras.Model:
     Args:
         model: A built Sequential or Functional `keras.Model`, or a subclass of
             Functional (one that calls `super().__init__(inputs, outputs)`).
+        scale_each_output: Give each output's loss its own scale: a boundary
+            at the outputs of every wrapped layer that produces a model output
+            (`AdaptiveScaled(scale_outputs=True)`). Without it the output
+            layers' weights share the loss's scale, which must then suit the
+            loss with the largest gradients; with it each output layer's
+            weights are scaled for their own loss. Useful when one loss's
+            gradients are far larger than another's (a detector's class and box
+            losses, a value head beside a classifier).
 
     Returns:
         A new model of the same structure, ready for
@@ -168,7 +212,7 @@ def wrap_model(model: keras.Model) -> keras.Model:
             "wrap_model needs a built model: give it an Input (keras.Input(shape)) or "
             "call model.build(input_shape) first."
         )
-    wrapped = _copy_wrapped(model)
+    wrapped = _copy_wrapped(model, _output_layers(model) if scale_each_output else set())
     source, target = model.weights, wrapped.weights
     if [tuple(w.shape) for w in source] != [tuple(w.shape) for w in target]:
         raise RuntimeError(  # a bug in wrap_model, not in the model: say so
@@ -180,8 +224,14 @@ def wrap_model(model: keras.Model) -> keras.Model:
     return wrapped
 
 
-def _copy_wrapped(model: keras.Model) -> keras.Model:
-    """The copy of `model` with wrapped layers, weights not yet copied."""
+def _output_layers(model: keras.Model) -> set[int]:
+    """`id`s of the layers of `model` (at its top level) whose outputs are model outputs."""
+    return {id(producer(t)) for t in keras.tree.flatten(model.output)}
+
+
+def _copy_wrapped(model: keras.Model, scale_outputs_of: set[int] = frozenset()) -> keras.Model:
+    """The copy of `model` with wrapped layers, weights not yet copied; the layers
+    whose `id` is in `scale_outputs_of` get a boundary at their outputs too."""
 
     def copy_layer(layer):
         if not isinstance(layer, keras.layers.Layer):  # an operation, e.g. keras.ops.add
@@ -191,7 +241,7 @@ def _copy_wrapped(model: keras.Model) -> keras.Model:
         clone = layer.__class__.from_config(layer.get_config())
         if isinstance(layer, AdaptiveScaled) or not layer.trainable_weights:
             return clone
-        return AdaptiveScaled(clone, name=layer.name)
+        return AdaptiveScaled(clone, scale_outputs=id(layer) in scale_outputs_of, name=layer.name)
 
     def call_layer(layer, *args, **kwargs):
         if _joins_branches(layer, args, kwargs):

@@ -101,3 +101,23 @@ def test_max_safe_scales_leave_the_weights_unchanged_under_xla(shape, measure_ev
 
     assert len(set(optimizer.layer_scales().values())) > 1, optimizer.layer_scales()
     assert_same_weights(actual, reference)
+
+
+@pytest.mark.parametrize("inner", ["sgd", "adam"])
+def test_a_scale_per_output_leaves_the_weights_of_training_without_scaling(inner):
+    model, x, y = models.two_outputs()
+    reference = _train(models.copy_of(model), _inner(inner), x, y)
+
+    wrapped = keras_als.wrap_model(model, scale_each_output=True)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(
+        _inner(inner), policy=_per_layer_fixed(wrapped)
+    )
+    actual = _train(wrapped, optimizer, x, y)
+
+    scales = optimizer.layer_scales()
+    assert scales["first"] != scales["second"] != scales["loss"], scales
+    assert_same_weights(actual, reference)
+    unscaled = keras_als.wrap_model(model, scale_each_output=True)
+    ones = keras_als.AdaptiveLossScaleOptimizer(_inner(inner), policy=policies.Fixed(default=1.0))
+    for a, e in zip(actual, _train(unscaled, ones, x, y)):
+        np.testing.assert_array_equal(a, e)

@@ -53,6 +53,11 @@ def test_a_mask_set_on_a_tensor_is_read_back():
     np.testing.assert_array_equal(private.get_keras_mask(x).numpy(), mask.numpy())
 
 
+def test_producer_is_the_layer_whose_call_made_the_tensor():
+    dense = keras.layers.Dense(2)
+    assert private.producer(dense(keras.Input((3,)))) is dense
+
+
 def test_input_name_is_the_name_given_to_keras_input():
     assert private.input_name(keras.Input((3,), name="pixels")) == "pixels"
 

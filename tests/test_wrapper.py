@@ -229,3 +229,80 @@ def test_an_embedding_of_token_ids_reports_the_scale_its_weights_get():
     model.fit(rng.integers(0, 30, (64, 8)), rng.normal(size=(64, 1)), epochs=2, verbose=0)
     scales = optimizer.layer_scales()
     assert scales["embed"] != optimizer.initial_scale  # planned, not left at its start value
+
+
+def _head_gradients(model, optimizer, x, targets, box_weight):
+    """Unscaled gradients of a classes+box loss after 30 steps at learning rate 0
+    (the scales settle; the weights do not move)."""
+
+    @tf.function(jit_compile=True)
+    def step():
+        with tf.GradientTape() as tape:
+            classes, box = model(x, training=True)
+            loss = tf.reduce_mean(tf.square(tf.cast(classes, tf.float32) - targets[0]))
+            loss += box_weight * tf.reduce_mean(tf.square(tf.cast(box, tf.float32) - targets[1]))
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        if isinstance(optimizer, keras_als.AdaptiveLossScaleOptimizer):
+            return optimizer.unscale(grads, model.trainable_variables)
+        return grads
+
+    for _ in range(30):
+        gradients = step()
+    return [np.asarray(tf.convert_to_tensor(g), "float32") for g in gradients]
+
+
+@pytest.mark.parametrize("scale_each_output", [False, True])
+def test_scale_each_output_keeps_a_small_loss_head_from_flushing_in_float16(scale_each_output):
+    # Two float16 heads on one trunk; the box loss is 2**40 times the class
+    # loss. Sharing the loss's scale (which must hold the box gradients), the
+    # class head's weight gradients flush to zero in float16; with a scale per
+    # output they match float32 within float16 rounding.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 8)).astype("float32")
+    targets = (
+        rng.normal(size=(32, 4)).astype("float32"),
+        rng.normal(size=(32, 1)).astype("float32"),
+    )
+
+    def two_heads():
+        inputs = keras.Input((8,))
+        trunk = layers.Dense(16, activation="tanh", name="trunk")(inputs)
+        heads = [layers.Dense(4, name="classes")(trunk), layers.Dense(1, name="box")(trunk)]
+        return keras.Model(inputs, heads)
+
+    plain = two_heads()
+    reference = _head_gradients(plain, keras.optimizers.SGD(0.0), x, targets, 2.0**40)
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        half = two_heads()
+        half.set_weights(plain.get_weights())
+        wrapped = keras_als.wrap_model(half, scale_each_output=scale_each_output)
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.0))
+        measured = _head_gradients(wrapped, optimizer, x, targets, 2.0**40)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    kernel = [v.path for v in wrapped.trainable_variables].index("classes/classes/kernel")
+    error = np.linalg.norm(measured[kernel] - reference[2]) / np.linalg.norm(reference[2])
+    scales = optimizer.layer_scales()
+    if scale_each_output:
+        assert [str(t.dtype) for t in wrapped.outputs] == ["float32", "float32"]
+        assert error < 1e-2, (error, scales)
+        assert scales["classes"] > scales["box"] * 2.0**20, scales
+    else:
+        assert np.all(measured[kernel] == 0), (error, scales)
+        assert scales["classes"] == scales["box"] == scales["loss"], scales
+
+
+def test_scale_each_output_survives_a_keras_file(tmp_path):
+    model, x, _ = models.two_outputs()
+    wrapped = keras_als.wrap_model(model, scale_each_output=True)
+    heads = [wrapped.get_layer(name) for name in model.output_names]
+    assert [head.scale_outputs for head in heads] == [True, True]
+    assert not wrapped.layers[1].scale_outputs
+    wrapped.save(tmp_path / "model.keras")
+    restored = keras.models.load_model(tmp_path / "model.keras")
+    assert [restored.get_layer(name).scale_outputs for name in model.output_names] == [True, True]
+    for a, b in zip(restored.predict(x, verbose=0), model.predict(x, verbose=0)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
