@@ -50,8 +50,10 @@ class Method:
 
     Attributes:
         name: Short name used in every table.
-        kind: `"float32"`, `"keras_lso"` (Keras `LossScaleOptimizer`, defaults)
-            or `"als"` (`keras_als.AdaptiveLossScaleOptimizer`).
+        kind: `"float32"`, `"none"` (mixed_float16 with the inner optimizer
+            alone: no loss scale, no skipped step), `"keras_lso"` (Keras
+            `LossScaleOptimizer`, defaults) or `"als"`
+            (`keras_als.AdaptiveLossScaleOptimizer`).
         policy: The keras_als policy (kind `"als"` only).
         wrap: Whether the model is wrapped with `keras_als.wrap_model` (layer-wise
             scales); an unwrapped model has one global scale, the loss's.
@@ -75,7 +77,7 @@ class Method:
 
     def optimizer(self, inner: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         """Wraps `inner` the way this method trains."""
-        if self.kind == "float32":
+        if self.kind in ("float32", "none"):
             return inner
         if self.kind == "keras_lso":
             return keras.optimizers.LossScaleOptimizer(inner)
@@ -125,6 +127,9 @@ def fixed(scale: float) -> Method:
 
 
 FLOAT32 = Method("float32", "float32", label="float32 everywhere (reference)")
+NO_SCALING = Method(
+    "mixed_no_scaling", "none", label="mixed_float16, no loss scaling (inner optimizer alone)"
+)
 KERAS_LSO = Method(
     "keras_lso",
     "keras_lso",

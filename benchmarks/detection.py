@@ -540,20 +540,9 @@ def mean_average_precision(
 # ----------------------------------------------------------------------------- methods
 
 
-@dataclasses.dataclass(frozen=True)
-class _NoScaling(common.Method):
-    """mixed_float16 with the inner optimizer alone: no loss scale, no skipped step."""
-
-    def optimizer(self, inner):
-        return inner
-
-
-NO_SCALING = _NoScaling(
-    "mixed_no_scaling", "none", label="mixed_float16, no loss scaling (inner optimizer alone)"
-)
 METHODS: tuple[common.Method, ...] = (
     common.FLOAT32,
-    NO_SCALING,
+    common.NO_SCALING,
     common.KERAS_LSO,
     common.fixed(8.0),
     common.fixed(128.0),

@@ -120,7 +120,7 @@ def overall(reference: list[np.ndarray], measured: list[np.ndarray]) -> tuple[fl
     return float(np.linalg.norm(m - r) / np.linalg.norm(r)), underflow
 
 
-class _Runner:
+class Runner:
     """A method's model and optimizer with compiled train and gradient steps."""
 
     def __init__(self, case: zoo.Case, method: common.Method, weights: list[np.ndarray]):
@@ -190,7 +190,7 @@ def measure_case(
     steps = max(1, int(train_steps * case.train_steps))
     schedule = [rng.choice(len(case.x), case.batch, replace=False) for _ in range(steps)]
     settle = [np.arange(case.batch)] * settle_steps
-    reference_run = _Runner(case, common.FLOAT32, initial)
+    reference_run = Runner(case, common.FLOAT32, initial)
     reference_run.train(schedule, case.learning_rate)
     trained = reference_run.model.get_weights()
     reference_model = reference_run.model
@@ -204,7 +204,7 @@ def measure_case(
     for method in methods:
         if not method.mixed:
             continue
-        runner = _Runner(case, method, initial)
+        runner = Runner(case, method, initial)
         for phase, weights in (("init", initial), ("trained", trained)):
             before = common.skipped_steps(runner.optimizer, runner.steps)
             if phase == "trained":
