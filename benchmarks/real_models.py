@@ -6,13 +6,15 @@ backbones built from their constructors (no download), each under a small head
 with float32 outputs. The test suite (`tests/test_real_models.py`) and the
 benchmark's real-model section build them from here.
 
-`python -m benchmarks.real_models [--steps N] [--models a,b]` trains each model
-under mixed_float16 with XLA, with Keras's `LossScaleOptimizer` and with
-keras_als on the same weights and batches, and prints the skipped steps (in the
-first 50 steps and after), compile time and step time of keras_als over Keras's
-(interleaved, median of many steps) and XLA step memory (each configuration in
-a fresh process, see `benchmarks.memory`). It writes
-benchmarks/results/real_models.json and .md.
+`python -m benchmarks.real_models [--steps N] [--models a,b] [--parts skips,cost]`
+trains each model under mixed_float16 with XLA, with Keras's
+`LossScaleOptimizer` and with keras_als on the same weights and batches, and
+prints the skipped steps (in the first 50 steps and in the rest), and the cost
+of keras_als over Keras's: step time (median of interleaved steps), compile
+time (first step in fresh processes, with and without XLA) and XLA step memory
+(fresh processes, see `benchmarks.memory`). It writes
+benchmarks/results/real_models.json and .md; a run of one part keeps the
+other's results.
 
 Targets (issue 12): skipped steps in the first 50 at most Keras's, and at most
 1 per 1000 after; step time <= 1.03x, compile time <= 1.25x and XLA step memory
@@ -124,8 +126,9 @@ def batch(x, i: int):
     return keras.tree.map_structure(lambda a: a[i * BATCH : (i + 1) * BATCH], x)
 
 
-def build(name: str, method: str, seed: int = 0, policy: str = "mixed_float16"):
-    """Model `name` for `method` ("keras" or "keras_als") and its optimizer, compiled."""
+def build(name: str, method: str, seed: int = 0, policy: str = "mixed_float16", jit: bool = True):
+    """Model `name` for `method` ("keras" or "keras_als") and its optimizer, compiled
+    (with XLA unless `jit` is False)."""
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(seed)
     model = MODELS[name]()
@@ -137,7 +140,7 @@ def build(name: str, method: str, seed: int = 0, policy: str = "mixed_float16"):
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=True,
+        jit_compile=jit,
     )
     return model, optimizer
 
@@ -160,15 +163,14 @@ def skip_trace(name: str, method: str, steps: int, seed: int = 0) -> list[int]:
     return trace
 
 
-def timing(name: str, rounds: int = 30, seed: int = 0) -> dict:
-    """Compile time and median step time of both methods, steps interleaved."""
+def step_times(name: str, rounds: int = 100, seed: int = 0) -> dict:
+    """Median step time of both methods in one process, steps interleaved."""
     x, y = data(name, 1, seed)
-    built, compile_seconds = {}, {}
+    built = {}
     for method in ("keras", "keras_als"):
         model, _ = build(name, method, seed)
-        start = time.perf_counter()
-        model.train_on_batch(x, y)  # traces and compiles
-        compile_seconds[method] = time.perf_counter() - start
+        for _ in range(3):  # compile and warm up
+            model.train_on_batch(x, y)
         built[method] = model
     times = {"keras": [], "keras_als": []}
     for _ in range(rounds):
@@ -177,26 +179,61 @@ def timing(name: str, rounds: int = 30, seed: int = 0) -> dict:
             built[method].train_on_batch(x, y)
             times[method].append(time.perf_counter() - start)
     median = {m: statistics.median(t) for m, t in times.items()}
+    return {"step_ratio": median["keras_als"] / median["keras"], "step_seconds": median}
+
+
+def compile_times(name: str, repeats: int = 3) -> dict:
+    """First-step time of both methods, each in a fresh process, alternating.
+
+    A fresh process is what a user's first step costs, and it keeps one
+    method's compile from warming caches for the other. The first step with
+    XLA (trace, graph and XLA compile, one run) and without it (trace, graph,
+    one run) tell the tracing from the XLA compile. The ratio is of the
+    medians over `repeats` processes per method.
+    """
+    seconds = {(m, j): [] for m in ("keras", "keras_als") for j in (True, False)}
+    for _ in range(repeats):
+        for jit in (True, False):
+            for method in ("keras", "keras_als"):
+                seconds[method, jit].append(_run_probe("compile", name, method, jit)["first_step"])
+    median = {key: statistics.median(value) for key, value in seconds.items()}
     return {
-        "compile_ratio": compile_seconds["keras_als"] / compile_seconds["keras"],
-        "step_ratio": median["keras_als"] / median["keras"],
-        "compile_seconds": compile_seconds,
-        "step_seconds": median,
+        "compile_ratio": median["keras_als", True] / median["keras", True],
+        "compile_seconds": {m: median[m, True] for m in ("keras", "keras_als")},
+        "without_xla_seconds": {m: median[m, False] for m in ("keras", "keras_als")},
+        "compile_samples": {f"{m} {'xla' if j else 'no xla'}": v for (m, j), v in seconds.items()},
     }
 
 
 def memory_of(name: str, method: str) -> dict:
     """XLA step memory and peak RSS of one configuration, in a fresh process."""
-    command = [sys.executable, "-m", "benchmarks.real_models", "--probe", name, method]
+    return _run_probe("memory", name, method, True)
+
+
+def _run_probe(kind: str, name: str, method: str, jit: bool) -> dict:
+    """Runs `_probe` in a fresh process and returns its JSON line."""
+    command = [sys.executable, "-m", "benchmarks.real_models", "--probe", kind, name, method]
+    command += [] if jit else ["--no-xla"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"memory probe {name} {method} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{kind} probe {name} {method} failed:\n{done.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 
-def _probe(name: str, method: str) -> None:
-    """Subprocess entry: five XLA steps, then one JSON line of memory figures."""
+def _probe(kind: str, name: str, method: str, jit: bool) -> None:
+    """Subprocess entry: prints one JSON line.
+
+    "compile": the first training step's seconds (with or without XLA).
+    "memory": five XLA steps, then the XLA step's memory and the peak RSS.
+    """
+    if kind == "compile":
+        model, _ = build(name, method, jit=jit)
+        x, y = data(name, 1)
+        start = time.perf_counter()
+        model.train_on_batch(x, y)
+        print(json.dumps({"first_step": time.perf_counter() - start}))
+        return
     with tempfile.TemporaryDirectory(prefix="keras_als_xla_") as dump:
         os.environ["XLA_FLAGS"] = (
             f"--xla_dump_to={dump} --xla_dump_hlo_as_text "
@@ -212,37 +249,46 @@ def _probe(name: str, method: str) -> None:
     print(json.dumps({"xla_bytes": xla_bytes, "peak_rss_mb": peak, "before_mb": before}))
 
 
-def verdicts(row: dict, steps: int) -> dict:
-    """PASS/FAIL per target for one model's row."""
-    after = max(steps - 50, 1)
-    return {
-        "skips_first_50": row["keras_als"]["first_50"] <= row["keras"]["first_50"],
-        "skips_after_50": row["keras_als"]["after_50"] <= max(1, after // 1000),
-        "step_time": row["step_ratio"] <= 1.03,
-        "compile_time": row["compile_ratio"] <= 1.25,
-        "memory": row["memory_ratio"] <= 1.05,
-    }
+def verdicts(row: dict) -> dict:
+    """PASS/FAIL per target for one model's row (targets not yet measured are left out)."""
+    verdict = {}
+    if "keras" in row:
+        after = max(row["steps"] - 50, 1)
+        verdict["skips_first_50"] = row["keras_als"]["first_50"] <= row["keras"]["first_50"]
+        verdict["skips_after_50"] = row["keras_als"]["after_50"] <= max(1, after // 1000)
+    if "step_ratio" in row:
+        verdict["step_time"] = row["step_ratio"] <= 1.03
+        verdict["compile_time"] = row["compile_ratio"] <= 1.25
+        verdict["memory"] = row["memory_ratio"] <= 1.05
+    return verdict
 
 
 def markdown(results: dict) -> str:
     """The real-model table of RESULTS.md."""
-    steps = results["steps"]
     lines = [
         "# Real architectures (issue 12)",
         "",
-        f"mixed_float16, XLA, Adam 1e-3, batch {results['batch']}, {steps} steps, same "
-        "weights and batches for both optimizers (`python -m benchmarks.real_models`).",
+        f"mixed_float16, XLA, Adam 1e-3, batch {results['batch']}, same weights and batches "
+        "for both optimizers (`python -m benchmarks.real_models`). Ratios are keras_als over "
+        "Keras's `LossScaleOptimizer`: step time the median of interleaved steps in one "
+        "process; compile time the median first step over fresh processes (alternating), "
+        "with XLA and, to tell tracing from XLA's compile, without; XLA step memory from "
+        "XLA's buffer assignment.",
         "",
-        "| model | skipped in first 50 (Keras / keras_als) | skipped after (Keras / keras_als) "
-        "| step time | compile time | XLA step memory | targets missed |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| model | steps | skipped in first 50 (Keras / keras_als) | skipped after "
+        "(Keras / keras_als) | step time | compile time (s, Keras / keras_als) | first step "
+        "without XLA (s) | XLA step memory | targets missed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in results["models"].items():
-        missed = [k for k, ok in verdicts(row, steps).items() if not ok]
+        missed = [k for k, ok in verdicts(row).items() if not ok]
+        compiled, traced = row["compile_seconds"], row["without_xla_seconds"]
         lines.append(
-            f"| {name} | {row['keras']['first_50']} / {row['keras_als']['first_50']} "
-            f"| {row['keras']['after_50']} / {row['keras_als']['after_50']} "
-            f"| {row['step_ratio']:.3f}x | {row['compile_ratio']:.3f}x "
+            f"| {name} | {row['steps']} | {row['keras']['first_50']} / "
+            f"{row['keras_als']['first_50']} | {row['keras']['after_50']} / "
+            f"{row['keras_als']['after_50']} | {row['step_ratio']:.3f}x "
+            f"| {row['compile_ratio']:.3f}x ({compiled['keras']:.1f} / "
+            f"{compiled['keras_als']:.1f}) | {traced['keras']:.1f} / {traced['keras_als']:.1f} "
             f"| {row['memory_ratio']:.3f}x | {', '.join(missed) or 'none'} |"
         )
     return "\n".join(lines) + "\n"
@@ -250,43 +296,61 @@ def markdown(results: dict) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=1050, help="training steps for skips")
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument(
+        "--parts", default="skips,cost", help="skips (skipped steps), cost (time, memory)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per compile")
     parser.add_argument("--out", default="benchmarks/results/real_models")
-    parser.add_argument("--probe", nargs=2, metavar=("MODEL", "METHOD"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--probe", nargs=3, metavar=("KIND", "MODEL", "METHOD"), help=argparse.SUPPRESS
+    )
+    parser.add_argument("--no-xla", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
-        _probe(*args.probe)
+        _probe(*args.probe, jit=not args.no_xla)
         return
-    rows = {}
+    parts = args.parts.split(",")
+    try:  # a run of one part keeps the other's results
+        with open(args.out + ".json") as f:
+            results = json.load(f)
+    except FileNotFoundError:
+        results = {"batch": BATCH, "models": {}}
     for name in args.models.split(","):
-        row = {}
-        for method in ("keras", "keras_als"):
+        row = results["models"].setdefault(name, {})
+        if "skips" in parts:
+            for method in ("keras", "keras_als"):
+                keras.utils.clear_session()
+                trace = skip_trace(name, method, args.steps)
+                first = trace[min(49, len(trace) - 1)]
+                row[method] = {"first_50": first, "after_50": trace[-1] - first}
+            row["steps"] = args.steps
+            print(
+                f"{name:14s} skipped in first 50: keras {row['keras']['first_50']}, keras_als "
+                f"{row['keras_als']['first_50']}; in the {args.steps - 50} after: keras "
+                f"{row['keras']['after_50']}, keras_als {row['keras_als']['after_50']}",
+                flush=True,
+            )
+        if "cost" in parts:
             keras.utils.clear_session()
-            trace = skip_trace(name, method, args.steps)
-            first = trace[min(49, len(trace) - 1)]
-            row[method] = {"first_50": first, "after_50": trace[-1] - first}
-        keras.utils.clear_session()
-        row.update(timing(name))
-        used = {method: memory_of(name, method) for method in ("keras", "keras_als")}
-        row["memory"] = used
-        row["memory_ratio"] = used["keras_als"]["xla_bytes"] / used["keras"]["xla_bytes"]
-        rows[name] = row
-        missed = [k for k, ok in verdicts(row, args.steps).items() if not ok]
-        print(
-            f"{name:14s} skipped in first 50: keras {row['keras']['first_50']:3d}, "
-            f"keras_als {row['keras_als']['first_50']:3d}; after: keras "
-            f"{row['keras']['after_50']}, keras_als {row['keras_als']['after_50']} "
-            f"(of {args.steps - 50}); step time {row['step_ratio']:.3f}x, "
-            f"compile time {row['compile_ratio']:.3f}x, XLA step memory "
-            f"{row['memory_ratio']:.3f}x; missed: {', '.join(missed) or 'none'}",
-            flush=True,
-        )
-    results = {"steps": args.steps, "batch": BATCH, "models": rows}
-    with open(args.out + ".json", "w") as f:
-        json.dump(results, f, indent=1)
-    with open(args.out + ".md", "w") as f:
-        f.write(markdown(results))
+            row.update(step_times(name))
+            row.update(compile_times(name, args.repeats))
+            used = {method: memory_of(name, method) for method in ("keras", "keras_als")}
+            row["memory"] = used
+            row["memory_ratio"] = used["keras_als"]["xla_bytes"] / used["keras"]["xla_bytes"]
+            print(
+                f"{name:14s} step time {row['step_ratio']:.3f}x, compile time "
+                f"{row['compile_ratio']:.3f}x, XLA step memory {row['memory_ratio']:.3f}x",
+                flush=True,
+            )
+        missed = [k for k, ok in verdicts(row).items() if not ok]
+        print(f"{name:14s} targets missed: {', '.join(missed) or 'none'}", flush=True)
+        with open(args.out + ".json", "w") as f:
+            json.dump(results, f, indent=1)
+    if all("steps" in row and "step_ratio" in row for row in results["models"].values()):
+        with open(args.out + ".md", "w") as f:
+            f.write(markdown(results))
 
 
 if __name__ == "__main__":
