@@ -202,7 +202,14 @@ def _environment() -> str:
     )
 
 
-SEPARATE = ("loss_span", "detection", "heavy_tails", "real_models")
+SEPARATE = (
+    "loss_span",
+    "loss_span_float16_heads",
+    "hard_outcomes",
+    "detection",
+    "heavy_tails",
+    "real_models",
+)
 """Benchmarks run by their own commands; RESULTS.md takes in the tables they wrote."""
 
 
