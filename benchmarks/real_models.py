@@ -324,7 +324,13 @@ def main(argv=None) -> None:
                 keras.utils.clear_session()
                 trace = skip_trace(name, method, args.steps)
                 first = trace[min(49, len(trace) - 1)]
-                row[method] = {"first_50": first, "after_50": trace[-1] - first}
+                row[method] = {
+                    "first_50": first,
+                    "after_50": trace[-1] - first,
+                    "skipped_at": [
+                        i for i, n in enumerate(trace) if n > (trace[i - 1] if i else 0)
+                    ],
+                }
             row["steps"] = args.steps
             print(
                 f"{name:14s} skipped in first 50: keras {row['keras']['first_50']}, keras_als "
