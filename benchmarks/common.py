@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import multiprocessing
 import os
+import statistics
 from collections.abc import Callable, Iterator
 from concurrent import futures
 
@@ -188,6 +190,13 @@ def scale_loss(optimizer: keras.optimizers.Optimizer, loss: tf.Tensor) -> tf.Ten
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return optimizer.scale_loss(loss)
     return loss
+
+
+def mean_and_standard_error(values: list[float]) -> tuple[float, float]:
+    """Mean of `values` and its standard error (nan with fewer than two values)."""
+    if len(values) < 2:
+        return (values[0] if values else float("nan")), float("nan")
+    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
 
 
 def skipped_steps(optimizer: keras.optimizers.Optimizer, steps_run: int) -> int:

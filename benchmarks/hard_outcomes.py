@@ -78,10 +78,9 @@ def run_case(name: str, seed: int, steps: int) -> dict:
 
 def paired(runs: list[dict], method: str, baseline: str) -> tuple[float, float]:
     """Mean and standard error over seeds of `method`'s final loss minus `baseline`'s."""
-    differences = [r[method]["final_loss"] - r[baseline]["final_loss"] for r in runs]
-    if len(differences) < 2:
-        return differences[0], float("nan")
-    return statistics.mean(differences), statistics.stdev(differences) / len(differences) ** 0.5
+    return common.mean_and_standard_error(
+        [r[method]["final_loss"] - r[baseline]["final_loss"] for r in runs]
+    )
 
 
 def markdown(results: dict) -> str:

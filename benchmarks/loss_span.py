@@ -257,10 +257,9 @@ def paired(runs: list[Run], exponent: float, method: str, against: str) -> tuple
     """Accuracy of `method` minus `against`, in points, paired by seed: (mean, s.e.)."""
     ours = {r.seed: r.accuracy for r in runs if r.exponent == exponent and r.method == method}
     theirs = {r.seed: r.accuracy for r in runs if r.exponent == exponent and r.method == against}
-    diffs = [100 * (ours[s] - theirs[s]) for s in sorted(ours) if s in theirs]
-    if len(diffs) < 2:
-        return (diffs[0] if diffs else float("nan")), float("nan")
-    return statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return common.mean_and_standard_error(
+        [100 * (ours[s] - theirs[s]) for s in sorted(ours) if s in theirs]
+    )
 
 
 def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:

@@ -43,7 +43,7 @@ def input_name(tensor) -> str:
     user passes as `keras.Input(name=...)` and what `fit` matches dict data by.
     It is read off the tensor's `_keras_history`, which has no public accessor.
     """
-    return tensor._keras_history.operation.name
+    return producer(tensor).name
 
 
 def producer(tensor):

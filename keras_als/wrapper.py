@@ -79,9 +79,7 @@ class AdaptiveScaled(keras.layers.Wrapper):
 
     def call(self, *args, **kwargs):
         flat = keras.tree.flatten((args, kwargs))
-        floating = [
-            i for i, x in enumerate(flat) if isinstance(x, tf.Tensor) and x.dtype.is_floating
-        ]
+        floating = _floating_positions(flat)
         if floating:
             # Cast as the layer would, before the boundary: the gradient of that
             # cast then rounds to float16 at the upstream scale, not at the layer's.
@@ -91,11 +89,7 @@ class AdaptiveScaled(keras.layers.Wrapper):
                 _boundary.insert(self, [self._as_layer_input(flat[i])], upstream=[flat[i]])[0]
                 for i in floating
             ]
-            for i, x in zip(floating, crossed):
-                mask = get_keras_mask(flat[i])
-                if mask is not None:
-                    set_keras_mask(x, mask)  # the layer reads masks off its inputs
-                flat[i] = x
+            _replace_keeping_masks(flat, floating, crossed)  # the layer reads masks off its inputs
             args, kwargs = keras.tree.pack_sequence_as((args, kwargs), flat)
         state = _forward_state.snapshot(self.layer.non_trainable_variables)
         outputs = self.layer(*args, **kwargs)
@@ -113,16 +107,10 @@ class AdaptiveScaled(keras.layers.Wrapper):
         loss's scale before the boundary could change it.
         """
         flat = keras.tree.flatten(outputs)
-        floating = [
-            i for i, x in enumerate(flat) if isinstance(x, tf.Tensor) and x.dtype.is_floating
-        ]
+        floating = _floating_positions(flat)
         wide = [tf.cast(flat[i], tf.float32) for i in floating]
         crossed = _boundary.insert(self, wide, upstream=[flat[i] for i in floating])
-        for i, x in zip(floating, crossed):
-            mask = get_keras_mask(flat[i])
-            if mask is not None:
-                set_keras_mask(x, mask)
-            flat[i] = x
+        _replace_keeping_masks(flat, floating, crossed)
         return keras.tree.pack_sequence_as(outputs, flat)
 
     def get_config(self):
@@ -146,6 +134,20 @@ class AdaptiveScaled(keras.layers.Wrapper):
             inputs = inputs[0]
             mask = mask[0] if isinstance(mask, tuple) and len(mask) == 1 else mask
         return self.layer.compute_mask(inputs, mask)
+
+
+def _floating_positions(flat: list) -> list[int]:
+    """Positions of the floating-point tensors in `flat`."""
+    return [i for i, x in enumerate(flat) if isinstance(x, tf.Tensor) and x.dtype.is_floating]
+
+
+def _replace_keeping_masks(flat: list, positions: list[int], replacements: list) -> None:
+    """Puts `replacements` at `positions` of `flat`, each with the mask of what it replaces."""
+    for i, x in zip(positions, replacements):
+        mask = get_keras_mask(flat[i])
+        if mask is not None:
+            set_keras_mask(x, mask)
+        flat[i] = x
 
 
 def wrap_model(model: keras.Model, scale_each_output: bool = False) -> keras.Model:
