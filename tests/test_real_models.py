@@ -42,6 +42,11 @@ def test_wrap_model_copies_every_weight_exactly_and_computes_the_same_outputs(na
     ]
     owners = {id(w) for layer in scaled for w in layer.trainable_weights}
     assert all(id(w) in owners for w in wrapped.trainable_weights)  # every weight is wrapped
+    # Names kept: loss dicts, history keys and get_layer work as on the original.
+    assert wrapped.output_names == model.output_names
+    assert [layer.name for layer in _all_layers(wrapped)] == [
+        layer.name for layer in _all_layers(model)
+    ]
     x, _ = real_models.data(name, 1)
     x = real_models.batch(x, 0)
     expected = _outputs(model, x)
