@@ -411,6 +411,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             reached=tf.logical_and(reached, measured),
             origin=tf.logical_and(origin, measured),
             step=step,
+            measured=measured,
         )
         self._write(plan, self.headroom, headroom.binades)
         self._write(plan, self.headroom_since, headroom.since)

@@ -20,10 +20,12 @@ the overflow passed through are raised to the same level (a spike in the loss
 is as large, relative to the ordinary gradients, all the way down): the policy
 then plans for a largest gradient `2**headroom` times the one it measured, so a
 spike that recurs (a rare sample with a far larger loss) is held instead of
-skipped again. Only measured scales learn headroom. The headroom shrinks by one
-binade per `HEADROOM_DECAY_STEPS` steps without another overflow, and
-components the overflow did not reach keep theirs (`Headroom`, `headroom_at`,
-`after_overflow`).
+skipped again. The batch that overflowed one component tends to spike others
+too (ResNet50V2's weight gradients overflowed in ten components at once, then
+in an eleventh a hundred steps later), so every other measured component is
+raised to at least `HEADROOM_STEP`. Only measured scales learn headroom. The
+headroom shrinks by one binade per `HEADROOM_DECAY_STEPS` steps without
+another overflow (`Headroom`, `headroom_at`, `after_overflow`).
 
 Example:
 
@@ -358,7 +360,11 @@ def headroom_at(headroom: Headroom, step: tf.Tensor) -> tf.Tensor:
 
 
 def after_overflow(
-    headroom: Headroom, reached: tf.Tensor, origin: tf.Tensor, step: tf.Tensor
+    headroom: Headroom,
+    reached: tf.Tensor,
+    origin: tf.Tensor,
+    step: tf.Tensor,
+    measured: tf.Tensor | None = None,
 ) -> Headroom:
     """The headroom after an overflow at `step`.
 
@@ -367,26 +373,33 @@ def after_overflow(
     non-finite values). The origins gain `HEADROOM_STEP` binades; a component
     the overflow only passed through is raised to the origins' new level, not
     by a step of its own, so that layers far upstream do not add up the
-    headroom of every overflow that passed them:
+    headroom of every overflow that passed them; every other component in
+    `measured` is raised to at least `HEADROOM_STEP`, for the spikes the same
+    kind of batch brings elsewhere:
 
         now     = headroom_at(step)
         raised  = min(now + HEADROOM_STEP, MAX_HEADROOM)
         level   = max of raised over the origins
-        binades = raised   where origin
-        binades = level    where reached, not origin, and level > now
-        since   = step     where binades changed (elsewhere both stay)
+        binades = raised          where origin
+        binades = level           where reached, not origin, and level > now
+        binades = HEADROOM_STEP   where measured, not reached, any origin,
+                                  and HEADROOM_STEP > now
+        since   = step            where binades changed (elsewhere both stay)
 
-    Pass in `reached` and `origin` only the components whose scale was chosen
-    from a measurement: an overflow of a first guess says nothing about spikes.
+    Pass in `reached`, `origin` and `measured` only the components whose scale
+    was chosen from a measurement: an overflow of a first guess says nothing
+    about spikes, and a first guess has nothing to plan headroom for.
+    `measured=None` raises no component the overflow did not reach.
 
     Example:
 
-    >>> h = Headroom(binades=np.array([0.0, 6.0, 0.0], np.float32),
-    ...              since=np.zeros(3, np.float32))
-    >>> reached, origin = np.array([True, True, True]), np.array([True, False, False])
-    >>> after = after_overflow(h, reached, origin, 10.0)
+    >>> h = Headroom(binades=np.array([0.0, 6.0, 0.0, 1.0], np.float32),
+    ...              since=np.zeros(4, np.float32))
+    >>> reached = np.array([True, True, True, False])
+    >>> origin = np.array([True, False, False, False])
+    >>> after = after_overflow(h, reached, origin, 10.0, measured=np.ones(4, bool))
     >>> after.binades.numpy(), after.since.numpy()
-    (array([4., 6., 4.], dtype=float32), array([10.,  0., 10.], dtype=float32))
+    (array([4., 6., 4., 4.], dtype=float32), array([10.,  0., 10., 10.], dtype=float32))
     """
     reached = tf.convert_to_tensor(reached, tf.bool)
     origin = tf.logical_and(tf.convert_to_tensor(origin, tf.bool), reached)
@@ -395,9 +408,14 @@ def after_overflow(
     raised = tf.minimum(now + HEADROOM_STEP, MAX_HEADROOM)
     level = tf.reduce_max(tf.where(origin, raised, 0.0))
     passed = reached & ~origin & (level > now)
-    changed = origin | passed
+    elsewhere = tf.zeros_like(reached)
+    if measured is not None:
+        elsewhere = tf.convert_to_tensor(measured, tf.bool) & ~reached
+        elsewhere = elsewhere & tf.reduce_any(origin) & (HEADROOM_STEP > now)
+    changed = origin | passed | elsewhere
     binades = tf.convert_to_tensor(headroom.binades, tf.float32)
     since = tf.convert_to_tensor(headroom.since, tf.float32)
+    binades = tf.where(elsewhere, HEADROOM_STEP, binades)
     return Headroom(
         binades=tf.where(origin, raised, tf.where(passed, level, binades)),
         since=tf.where(changed, tf.fill(tf.shape(since), step), since),

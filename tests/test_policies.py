@@ -208,6 +208,23 @@ def test_an_overflow_raises_its_origin_by_one_step_and_what_it_passed_to_that_le
     np.testing.assert_array_equal(after.since.numpy(), [100.0, 0.0, 100.0, 5.0])
 
 
+def test_an_overflow_raises_every_other_measured_component_to_one_step():
+    """Origin 0; components 1-3 not reached: 1 (measured, 0) rises to
+    HEADROOM_STEP, 2 (measured, holding 6) keeps 6, 3 (a first guess) keeps 0.
+    A step with no origin (a non-finite loss) raises nothing."""
+    h = _headroom([0.0, 0.0, 6.0, 0.0], [0.0, 0.0, 0.0, 0.0])
+    reached = np.array([True, False, False, False])
+    measured = np.array([True, True, True, False])
+    after = policies.after_overflow(h, reached, reached, 50.0, measured=measured)
+    step = policies.HEADROOM_STEP
+    np.testing.assert_array_equal(after.binades.numpy(), [step, step, 6.0, 0.0])
+    np.testing.assert_array_equal(after.since.numpy(), [50.0, 50.0, 0.0, 0.0])
+    nothing = np.zeros(4, bool)
+    kept = policies.after_overflow(h, nothing, nothing, 50.0, measured=measured)
+    np.testing.assert_array_equal(kept.binades.numpy(), h.binades)
+    np.testing.assert_array_equal(kept.since.numpy(), h.since)
+
+
 def test_an_overflow_passing_a_component_that_holds_more_headroom_adds_none_to_it():
     """Chain 0 <- 1 <- 2 (0 furthest upstream). Two overflows start at 0 (it
     needs 8 binades); then one starts at 2 and passes 1 and 0: 2 and 1 rise to
