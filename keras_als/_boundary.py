@@ -6,8 +6,8 @@ from different regions need different ratios). Forward, it is an identity. Backw
 function hands the gradient arriving from the layer to the plan's `crossings`
 (which reduce it for the statistics on the steps that measure) and multiplies
 it by `ratio`, a power of two that the optimizer's plan sets before backprop
-starts. Every boundary made while tracing a graph is recorded, so that the plan
-can find the scale components of that graph.
+starts. Every boundary made while tracing a graph goes into the step's record
+(`_step_record`), so that the plan can find the scale components of that graph.
 
 Outside a traced function there is no graph to walk, so `insert` returns the
 tensors unchanged.
@@ -15,35 +15,46 @@ tensors unchanged.
 
 from __future__ import annotations
 
-import threading
 import weakref
 
 import tensorflow as tf
+
+from keras_als import _step_record
 
 
 class Boundary:
     """One scale boundary in one traced graph.
 
     Attributes:
-        owner: The `AdaptiveScaled` layer that placed it.
+        owner: The `AdaptiveScaled` layer that placed it (held weakly: the
+            traced graph, which keeps the boundary, must not keep the layer).
         inputs: Tensors entering the boundary (upstream side).
         limit: The largest finite value of the upstream gradient's dtype (its
             gradient is cast back to the dtype of `upstream` in `insert`).
         outputs: Tensors leaving it (the wrapped layer's side).
-        ratio: Scalar float32 multiplier for the gradient, set by the plan; None
-            leaves the gradient unchanged.
+        ratio: Scalar float32 multiplier for the gradient, handed over by the
+            plan (`connect`); None leaves the gradient unchanged.
         crossings: The plan's `_crossings.Crossings`, which take the gradient
             arriving from the wrapped layer's side (at the scale of that side),
             before the multiply; None: nobody measures it.
     """
 
     def __init__(self, owner, inputs, limit):
-        self.owner = owner
+        self._owner = weakref.ref(owner)
         self.inputs = tuple(inputs)
         self.limit = limit
         self.outputs: tuple = ()
         self.ratio: tf.Tensor | None = None
         self.crossings = None
+
+    @property
+    def owner(self):
+        return self._owner()
+
+    def connect(self, ratio: tf.Tensor | None, crossings) -> None:
+        """Takes the plan's ratio and crossings for the backward pass."""
+        self.ratio = ratio
+        self.crossings = crossings
 
     def backward(self, *gradients):
         if self.crossings is not None:
@@ -58,16 +69,6 @@ def multiply(gradient: tf.Tensor, ratio: tf.Tensor) -> tf.Tensor:
     if gradient.dtype == tf.float32:
         return gradient * ratio
     return tf.cast(tf.cast(gradient, tf.float32) * ratio, gradient.dtype)
-
-
-_recorded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def recorded(graph) -> list[Boundary]:
-    """The boundaries made so far while tracing `graph`."""
-    with _lock:
-        return list(_recorded.get(graph, ()))
 
 
 def insert(owner, tensors: list[tf.Tensor], upstream: list[tf.Tensor] | None = None):
@@ -93,7 +94,5 @@ def insert(owner, tensors: list[tf.Tensor], upstream: list[tf.Tensor] | None = N
 
     outputs = identity(*tensors)
     boundary.outputs = tuple(outputs)
-    graph = tf.compat.v1.get_default_graph()
-    with _lock:
-        _recorded.setdefault(graph, []).append(boundary)
+    _step_record.add_boundary(boundary)
     return list(outputs)

@@ -20,60 +20,57 @@ component `a` (input side) to `b` multiplies the gradient by
 from __future__ import annotations
 
 import dataclasses
-import threading
-import weakref
+import types
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
 from keras_als import _boundary, _crossings
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Component:
-    """One scale component of a traced graph."""
+    """One scale component of a traced graph.
 
-    slot: int | None = None  # the slot of the optimizer's scales holding its scale
-    name: str = ""
-    aliases: list[int] = dataclasses.field(default_factory=list)  # more slots kept equal
-    inside: list = dataclasses.field(default_factory=list)  # boundaries whose output lies here
-    feeding: list = dataclasses.field(default_factory=list)  # boundaries whose input lies here
+    Attributes:
+        slot: The slot of the optimizer's scales that holds its scale.
+        name: The name of that slot (a wrapped layer's, or `"loss"`).
+        aliases: More slots kept equal to it (wrapped layers whose weights lie
+            in this component too).
+        inside: Boundaries whose output (the wrapped layer's side) lies here.
+        feeding: Boundaries whose input (the upstream side) lies here.
+    """
 
-    def hold(self, slot: int, name: str) -> None:
-        """Takes `slot` as this component's scale, or keeps it equal as an alias."""
-        if self.slot is None:
-            self.slot, self.name = slot, name
-        elif slot != self.slot and slot not in self.aliases:
-            self.aliases.append(slot)
+    slot: int
+    name: str
+    aliases: tuple[int, ...] = ()
+    inside: tuple = ()
+    feeding: tuple = ()
 
     def slots(self) -> list[int]:
         """Every slot that holds this component's scale."""
         return [self.slot, *self.aliases]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Plan:
-    """Components, the scale of each, and where every variable lies."""
+    """Components, the scale of each, and where every variable lies.
+
+    Made once per traced step by `make_plan`, never changed after.
+    """
 
     graph: object
-    components: list[Component]
+    components: tuple[Component, ...]
     scales: tf.Tensor  # float32, one per component, read when the plan was made
     slot_scales: tf.Tensor  # float32, every slot of the optimizer's scales, read then too
-    component_of: dict[int, int]  # id(variable handle) -> component index
-    sides: dict[int, tuple[int, int]]  # id(boundary) -> (input side, output side)
+    component_of: Mapping[int, int]  # id(variable handle) -> component index
+    sides: Mapping[int, tuple[int, int]]  # id(boundary) -> (input side, output side)
+    ratios: Mapping[int, tf.Tensor]  # id(boundary) -> its gradient's multiplier
     loss_component: int
     built: bool  # scale variables existed when the plan was made
-    loss_finite: tf.Tensor | None = None  # bool: the loss (forward pass) was finite
+    loss_finite: tf.Tensor  # bool: the loss (forward pass) was finite
     measuring: tf.Tensor | None = None  # bool: this step measures; None: every step does
     crossings: _crossings.Crossings | None = None  # reductions of the boundaries' gradients
-
-    def measure_when(self, measuring: tf.Tensor | None, count_zeros: bool) -> None:
-        """Makes the step measure where `measuring` holds (None: every step), the
-        boundaries handing their gradients to `crossings`; counts zeros too if
-        `count_zeros`."""
-        self.measuring = measuring
-        self.crossings = _crossings.Crossings(self.graph, measuring, count_zeros)
-        for b in self.boundaries():
-            b.crossings = self.crossings
 
     def scale_of(self, variable) -> tf.Tensor:
         return self.scales[self.index_of(variable)]
@@ -91,6 +88,39 @@ class Plan:
             tuple(sorted({self.sides[id(b)][1] for b in c.feeding} - {i}))
             for i, c in enumerate(self.components)
         )
+
+    def downstream_matrix(self) -> tf.Tensor:
+        """`[c, d]` is 1 where gradient flows from component `d` into component `c`."""
+        downstream = self.downstream()
+        n = len(downstream)
+        return tf.constant(
+            [[1.0 if d in downstream[c] else 0.0 for d in range(n)] for c in range(n)]
+        )
+
+
+def connect(plan: Plan) -> None:
+    """Hands every boundary of `plan` its ratio and the plan's crossings, which
+    its gradient function reads during backprop (call before `tape.gradient`)."""
+    for b in plan.boundaries():
+        b.connect(plan.ratios.get(id(b)), plan.crossings)
+
+
+@dataclasses.dataclass
+class _Draft:
+    """A component while `make_plan` assigns slots (becomes a `Component`)."""
+
+    slot: int | None = None
+    name: str = ""
+    aliases: list[int] = dataclasses.field(default_factory=list)
+    inside: list = dataclasses.field(default_factory=list)
+    feeding: list = dataclasses.field(default_factory=list)
+
+    def hold(self, slot: int, name: str) -> None:
+        """Takes `slot` as this component's scale, or keeps it equal as an alias."""
+        if self.slot is None:
+            self.slot, self.name = slot, name
+        elif slot != self.slot and slot not in self.aliases:
+            self.aliases.append(slot)
 
 
 class _UnionFind:
@@ -154,20 +184,44 @@ def _walk(loss: tf.Tensor, boundaries: list[_boundary.Boundary]):
     return sets, label_of_op, [(b, reached[id(b)][1], reached[id(b)][2][0]) for b in order]
 
 
-def make_plan(loss: tf.Tensor, optimizer) -> Plan:
-    """Finds the scale components behind `loss` and reads their scales."""
+def make_plan(
+    loss: tf.Tensor,
+    boundaries: Sequence[_boundary.Boundary],
+    owners: Sequence,
+    slot_scales: tf.Tensor,
+    built: bool,
+    measuring: tf.Tensor | None = None,
+    count_zeros: bool = False,
+) -> Plan:
+    """Finds the scale components behind `loss` and reads their scales.
+
+    Args:
+        loss: The traced loss.
+        boundaries: The boundaries the forward pass inserted (the step record's).
+        owners: The wrapped layers with a scale, in slot order (slot `1 + i`;
+            slot 0 is the loss's).
+        slot_scales: Every slot's current scale (float32 vector).
+        built: Whether the scale variables exist yet (else `slot_scales` are
+            first guesses and the step only unscales).
+        measuring: Scalar bool: the step measures where it holds; None: every
+            step measures; without `built`, no step does.
+        count_zeros: Count zeros and subnormals too when measuring (telemetry).
+
+    Returns:
+        The frozen plan; `connect` it before backprop.
+    """
     graph = loss.graph
-    boundaries = _boundary.recorded(graph)
-    sets, label_of_op, reached = _walk(loss, boundaries)
+    sets, label_of_op, reached = _walk(loss, list(boundaries))
+    slot_of = {id(owner): 1 + i for i, owner in enumerate(owners)}
 
     roots: dict[int, int] = {}
-    components: list[Component] = []
+    components: list[_Draft] = []
 
     def component(label: int) -> int:
         root = sets.find(label)
         if root not in roots:
             roots[root] = len(components)
-            components.append(Component())
+            components.append(_Draft())
         return roots[root]
 
     loss_component = component(0)
@@ -188,7 +242,7 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
     # Slots: the loss's, then each wrapped layer's where its weights lie.
     components[loss_component].hold(0, "loss")
     for b, _, _ in reached:
-        slot = optimizer.scale_slot_for(b.owner)
+        slot = slot_of.get(id(b.owner))
         if slot is None:
             continue
         placed = [
@@ -200,8 +254,8 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
     # Wrapped layers with no boundary here (an Embedding of token ids) hold the
     # component their weights lie in, so that their reported scale is true.
     reached_owners = {id(b.owner) for b, _, _ in reached}
-    for owner in optimizer.scale_owners():
-        slot = optimizer.scale_slot_for(owner)
+    for owner in owners:
+        slot = slot_of[id(owner)]
         placed = [
             component_of[id(w.handle)]
             for w in owner.trainable_weights
@@ -226,13 +280,13 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
             c.slot, c.name = 0, "loss"
 
     # Components held by one slot share its scale: merge them.
-    merged: list[Component] = []
+    merged: list[_Draft] = []
     index_of_slot: dict[int, int] = {}
     final = []
     for c in components:
         if c.slot not in index_of_slot:
             index_of_slot[c.slot] = len(merged)
-            merged.append(Component(c.slot, c.name))
+            merged.append(_Draft(c.slot, c.name))
         group = merged[index_of_slot[c.slot]]
         group.aliases += [a for a in c.aliases if a not in group.aliases]
         group.inside += c.inside
@@ -241,55 +295,30 @@ def make_plan(loss: tf.Tensor, optimizer) -> Plan:
     sides = {k: (final[a], final[o]) for k, (a, o) in sides.items()}
     component_of = {k: final[c] for k, c in component_of.items()}
 
-    slot_scales = optimizer.slot_scales()
     scales = tf.gather(slot_scales, [c.slot for c in merged])
     # Every boundary's ratio from one vector op: one small kernel, not one per boundary.
     crossing = [(b, *sides[id(b)]) for b, _, _ in reached if sides[id(b)][0] != sides[id(b)][1]]
+    ratios = {}
     if crossing:
-        ratios = tf.gather(scales, [a for _, a, _ in crossing]) / tf.gather(
+        values = tf.gather(scales, [a for _, a, _ in crossing]) / tf.gather(
             scales, [o for _, _, o in crossing]
         )
-        for k, (b, _, _) in enumerate(crossing):
-            b.ratio = ratios[k]
+        ratios = {id(b): values[k] for k, (b, _, _) in enumerate(crossing)}
+    frozen = tuple(
+        Component(c.slot, c.name, tuple(c.aliases), tuple(c.inside), tuple(c.feeding))
+        for c in merged
+    )
     return Plan(
         graph,
-        merged,
+        frozen,
         scales,
         slot_scales,
-        component_of,
-        sides,
+        types.MappingProxyType(component_of),
+        types.MappingProxyType(sides),
+        types.MappingProxyType(ratios),
         final[loss_component],
-        optimizer.built,
+        built,
         loss_finite=tf.reduce_all(tf.math.is_finite(loss)),
+        measuring=measuring if built else None,
+        crossings=_crossings.Crossings(graph, measuring, count_zeros) if built else None,
     )
-
-
-_local = threading.local()
-
-
-def _plans() -> weakref.WeakKeyDictionary:
-    """This thread's last plan per optimizer; a dropped optimizer's plan goes with it."""
-    if not hasattr(_local, "plans"):
-        _local.plans = weakref.WeakKeyDictionary()
-    return _local.plans
-
-
-def remember(optimizer, plan: Plan) -> None:
-    """Keeps `plan` for `optimizer` in this thread (one replica traces per thread)."""
-    _plans()[optimizer] = plan
-
-
-def made_elsewhere(optimizer) -> bool:
-    """True if `optimizer` planned a step in another graph than the one traced now."""
-    plan = _plans().get(optimizer)
-    return plan is not None and plan.graph is not tf.compat.v1.get_default_graph()
-
-
-def current(optimizer) -> Plan | None:
-    """The plan made for `optimizer` in the graph being traced now, if any."""
-    plan = _plans().get(optimizer)
-    if plan is None or not tf.inside_function():
-        return None
-    if plan.graph is not tf.compat.v1.get_default_graph():
-        return None
-    return plan

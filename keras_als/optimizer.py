@@ -6,28 +6,18 @@ import math
 import numbers
 import warnings
 import weakref
+from typing import NamedTuple
 
 import keras
 import tensorflow as tf
 
-from keras_als import _forward_state, _plan, _statistics, policies
+from keras_als import _forward_state, _plan, _statistics, _step_record, _telemetry, policies
 from keras_als._keras_private import (
     no_automatic_dependency_tracking,
     strategy_supports_no_merge_call,
 )
-
-_OWNER = "_keras_als_owner"
-
-
-def mark_owner(wrapper, variables) -> None:
-    """Tags `variables` as weights of `wrapper`, so the optimizer can find it."""
-    for v in variables:
-        setattr(v, _OWNER, weakref.ref(wrapper))
-
-
-def _owner(variable):
-    ref = getattr(variable, _OWNER, None)
-    return ref() if ref is not None else None
+from keras_als._telemetry import SKIP_WINDOW
+from keras_als.wrapper import owner_of
 
 
 @keras.saving.register_keras_serializable(package="keras_als")
@@ -134,7 +124,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def build(self, var_list):
         owners = []
         for v in var_list:
-            owner = _owner(v)
+            owner = owner_of(v)
             if owner is not None and all(owner is not o for o in owners):
                 owners.append(owner)
         self._scale_owners = owners
@@ -168,8 +158,10 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.zero_rates = state("zero_rates", "float32", 0.0, shape=(slots,))
         self.recent_skips = state("recent_skips", "int", 0, shape=(SKIP_WINDOW,))
         self.skipped_in_a_row = state("skipped_in_a_row", "int", 0)
-        # LossScaleOptimizer's own state, with the aggregation above. Here
-        # `step_counter` counts finite steps since the boundaries last measured.
+        # Finite steps since the boundaries last measured.
+        self.steps_since_measured = state("steps_since_measured", "int", 0)
+        # LossScaleOptimizer's own state, with the aggregation above: the loss's
+        # scale, and the growth counter of the one dynamic scale of an eager step.
         self.step_counter = state("step_counter", "int", 0)
         self.dynamic_scale = state("dynamic_scale")
         self.inner_optimizer.build(var_list)
@@ -219,14 +211,32 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not tf.inside_function() or not hasattr(loss, "graph"):
             self._warn_eager()
             return super().scale_loss(loss)
-        plan = _plan.make_plan(loss, self)
-        if plan.built:
-            measuring = None
-            if self.measure_every_n_steps > 1:
-                measuring = tf.equal(self.step_counter % self.measure_every_n_steps, 0)
-            plan.measure_when(measuring, count_zeros=bool(self.estimate_underflow))
-        _plan.remember(self, plan)
+        measuring = None
+        if self.built and self.measure_every_n_steps > 1:
+            measuring = tf.equal(self.steps_since_measured % self.measure_every_n_steps, 0)
+        plan = _plan.make_plan(
+            loss,
+            _step_record.read(loss.graph).boundaries,
+            self.scale_owners(),
+            self.slot_scales(),
+            self.built,
+            measuring,
+            count_zeros=bool(self.estimate_underflow),
+        )
+        _plan.connect(plan)
+        _step_record.add_plan(self, plan)
+        self._planned_in = weakref.ref(plan.graph)
         return tf.cast(loss, tf.float32) * plan.scales[plan.loss_component]
+
+    def _current_plan(self):
+        """The plan `scale_loss` made in the step traced now, or None."""
+        return _step_record.read().plan_for(self) if tf.inside_function() else None
+
+    def _planned_elsewhere(self) -> bool:
+        """True if `scale_loss` last ran in another traced function than this one."""
+        planned_in = getattr(self, "_planned_in", None)
+        graph = planned_in() if planned_in is not None else None
+        return graph is not None and graph is not tf.compat.v1.get_default_graph()
 
     def _warn_eager(self):
         if not self._warned_eager:
@@ -270,7 +280,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         >>> true_gradient(tf.constant([[1.0, 2.0]]))[0].numpy().ravel()
         array([1., 2.], dtype=float32)
         """
-        plan = _plan.current(self)
+        plan = self._current_plan()
         if plan is None:
             scale = self.dynamic_scale if self.built else self.initial_scale
             return [None if g is None else _divide(g, scale) for g in grads]
@@ -281,8 +291,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
-        plan = _plan.current(self)
-        if plan is None and tf.inside_function() and _plan.made_elsewhere(self):
+        plan = self._current_plan()
+        if plan is None and tf.inside_function() and self._planned_elsewhere():
             raise ValueError(
                 "apply() is traced in another tf.function than scale_loss(): the gradients "
                 "carry per-layer scales that only the function which called scale_loss() "
@@ -314,28 +324,29 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._apply_planned(plan, list(grads), variables)
 
     def _apply_planned(self, plan, grads, variables):
-        """One step: unscale, apply or skip, learn from an overflow, measure, choose scales."""
-        weight_grads, float16, unscaled = _group_and_unscale(plan, grads, variables, self)
-        weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
-        # Non-finite weight gradients mark the components an overflow reached:
-        # where it started and every component upstream of it. With a loss that
-        # is not finite, the forward pass (the data) is to blame, not the scales.
-        # On measuring steps the gradients entering each component's wrapped
-        # layers are reduced too (else they read 0): a non-finite one counts.
-        crossed = {}
-        if plan.crossings is not None:
-            plan.crossings.finish()  # the boundaries' gradients that still wait
-            crossed = plan.crossings.reduced
-        not_finite = tf.stack(
-            [
-                _not_finite(group + [crossed[id(b)].amax for b in c.inside if id(b) in crossed])
-                for group, c in zip(weight_amax, plan.components)
-            ]
-        )
-        finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
-        reached = _statistics.reached_on_any_replica(tf.logical_and(not_finite, plan.loss_finite))
-        steps = self.iterations + tf.cast(self.skipped_steps, self.iterations.dtype)
-        step = tf.cast(steps, "float32")
+        """One step, in phases: group and unscale the gradients; check that they
+        are finite; apply them or skip the step (and learn from the overflow);
+        measure and choose the next scales; count the steps until the next
+        measurement."""
+        gradients = _group_and_unscale(plan, grads, variables, self)
+        finite, reached = _check_finite(plan, gradients.weight_amax)
+        step = self._step_number()
+        self._apply_or_skip(plan, finite, reached, gradients.unscaled, variables, step)
+        if not plan.built:
+            return
+        measuring = finite if plan.measuring is None else tf.logical_and(plan.measuring, finite)
+        unsettled = self._measure_and_choose(plan, gradients, measuring, finite, step)
+        if plan.measuring is not None:
+            self._count_until_measuring(finite, unsettled)
+
+    def _step_number(self) -> tf.Tensor:
+        """This step's number (applied and skipped steps before it), as float32."""
+        skipped = tf.cast(self.skipped_steps, self.iterations.dtype)
+        return tf.cast(self.iterations + skipped, "float32")
+
+    def _apply_or_skip(self, plan, finite, reached, unscaled, variables, step):
+        """Applies the unscaled gradients if `finite`; else skips the step,
+        changing no weight, slot or forward state, and learns from the overflow."""
 
         def learn():
             self._learn_from_overflow(plan, reached, step)
@@ -344,51 +355,62 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             finite, unscaled, variables, step, on_skip=learn if plan.built else None
         )
         _forward_state.restore_unless(finite)
-        if not plan.built:
-            return
+
+    def _measure_and_choose(self, plan, gradients, measuring, finite, step) -> tf.Tensor:
+        """Where `measuring`: measures this step's statistics, asks the policy for
+        the next scales and records what was measured. Returns whether a scale
+        moved far (it is still settling)."""
 
         def measured():
-            statistics = _statistics.measure(plan, weight_amax, weight_grads)
+            statistics = _statistics.measure(plan, gradients.weight_amax, gradients.weight_grads)
             return _statistics.agree_across_replicas(statistics)
 
-        def update_scales(statistics):
-            headroom = policies.headroom_at(
-                policies.Headroom(
-                    self._per_component(plan, self.headroom),
-                    self._per_component(plan, self.headroom_since),
-                ),
-                step,
-            )
-            new = policies.next_scale(self.policy, statistics, plan.scales, headroom)
-            if _statistics.several_replicas():  # this branch runs on skipped steps too
-                new = tf.where(finite, new, self._per_component(plan, self.slot_scales()))
-            self._assign_scales(plan, new)
-            informed = tf.logical_and(
-                tf.math.is_finite(statistics.amax), tf.logical_not(statistics.silent)
-            )
-            was = self._per_component(plan, self.measured)
-            self._write(plan, self.measured, tf.where(informed, tf.ones_like(was), was))
-            if self.estimate_underflow:
-                self._record_underflow(plan, statistics, weight_grads, float16)
+        def update(statistics):
+            new = self._choose_scales(plan, statistics, finite, step)
+            self._record_measurement(plan, statistics, gradients)
             return _moved_far(plan.scales, new)
 
-        measuring = finite if plan.measuring is None else tf.logical_and(plan.measuring, finite)
         if _statistics.several_replicas():
             # Replicas can neither gather nor assign inside a cond: only the
             # reductions are conditional, the rest keeps every scale when not measuring.
-            statistics = _statistics.measure_if(measuring, plan, weight_amax, weight_grads)
-            unsettled = update_scales(_statistics.agree_across_replicas(statistics))
-        else:  # steps that do not measure keep every scale, at the cost of one branch
-            unsettled = tf.cond(
-                measuring, lambda: update_scales(measured()), lambda: tf.constant(False)
+            statistics = _statistics.measure_if(
+                measuring, plan, gradients.weight_amax, gradients.weight_grads
             )
-        if plan.measuring is None:
-            return
-        # Measure again on the next step after a skipped step or while scales
-        # move far (they are still settling); else in n steps.
-        counted = (self.step_counter + 1) % self.measure_every_n_steps
+            return update(_statistics.agree_across_replicas(statistics))
+        # Steps that do not measure keep every scale, at the cost of one branch.
+        return tf.cond(measuring, lambda: update(measured()), lambda: tf.constant(False))
+
+    def _choose_scales(self, plan, statistics, finite, step) -> tf.Tensor:
+        """The policy's next scales, with the headroom left at `step`; assigns them."""
+        headroom = policies.headroom_at(
+            policies.Headroom(
+                self._per_component(plan, self.headroom),
+                self._per_component(plan, self.headroom_since),
+            ),
+            step,
+        )
+        new = policies.next_scale(self.policy, statistics, plan.scales, headroom)
+        if _statistics.several_replicas():  # this runs on skipped steps too
+            new = tf.where(finite, new, self._per_component(plan, self.slot_scales()))
+        self._assign_scales(plan, new)
+        return new
+
+    def _record_measurement(self, plan, statistics, gradients) -> None:
+        """Notes which scales now come from a measurement, and the underflow (telemetry)."""
+        informed = tf.logical_and(
+            tf.math.is_finite(statistics.amax), tf.logical_not(statistics.silent)
+        )
+        was = self._per_component(plan, self.measured)
+        self._write(plan, self.measured, tf.where(informed, tf.ones_like(was), was))
+        if self.estimate_underflow:
+            self._record_underflow(plan, statistics, gradients.weight_grads, gradients.float16)
+
+    def _count_until_measuring(self, finite, unsettled) -> None:
+        """Measures again on the next step after a skipped step or while scales
+        move far (they are still settling); else in `measure_every_n_steps`."""
+        counted = (self.steps_since_measured + 1) % self.measure_every_n_steps
         again = tf.logical_or(tf.logical_not(finite), unsettled)
-        self.step_counter.assign(tf.where(again, tf.zeros_like(counted), counted))
+        self.steps_since_measured.assign(tf.where(again, tf.zeros_like(counted), counted))
 
     def _learn_from_overflow(self, plan, reached, step):
         """On a skipped step: every component the overflow reached backs off; where
@@ -399,7 +421,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             tf.where(reached, plan.scales * policies.BACKOFF, plan.scales)
         )
         self._assign_scales(plan, scales)
-        downstream = _downstream_matrix(plan)
+        downstream = plan.downstream_matrix()
         reached_below = tf.linalg.matvec(downstream, tf.cast(reached, tf.float32)) > 0
         origin = tf.logical_and(reached, tf.logical_not(reached_below))
         measured = self._per_component(plan, self.measured) > 0
@@ -442,33 +464,19 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._layer_scales.assign(updated[1:])
 
     def _record_underflow(self, plan, statistics, weight_grads, float16):
-        """The shares of float16 subnormals and of exact zeros, per component."""
-        subnormal, zero = _statistics.underflow_shares(plan, weight_grads, float16)
-        silent = statistics.silent
-        if statistics.flushed is not None:
-            # A gradient that rounded to zero whole at a boundary, or a component
-            # whose every gradient is zero though gradient reached it, underflowed
-            # whole (or its units are all dead); so did what upstream of it
-            # received nothing (silent).
-            nothing = tf.logical_and(tf.equal(statistics.amax, 0.0), tf.logical_not(silent))
-            lost = tf.logical_or(statistics.flushed, nothing)
-            downstream = _downstream_matrix(plan)
-            for _ in range(FLUSH_PROPAGATION):
-                below = tf.linalg.matvec(downstream, tf.cast(lost, tf.float32)) > 0
-                lost = tf.logical_or(lost, tf.logical_and(silent, below))
-            subnormal = tf.where(lost, tf.ones_like(subnormal), subnormal)
-            silent = tf.logical_and(silent, tf.logical_not(lost))
-        # Where nothing else reached the component, keep the last rates.
-        self._write(
+        """Writes the shares of float16 subnormals and of exact zeros, per component."""
+        subnormal, zero = _telemetry.underflow(
             plan,
-            self.underflow_rates,
-            tf.where(silent, self._per_component(plan, self.underflow_rates), subnormal),
+            statistics,
+            weight_grads,
+            float16,
+            before=(
+                self._per_component(plan, self.underflow_rates),
+                self._per_component(plan, self.zero_rates),
+            ),
         )
-        self._write(
-            plan,
-            self.zero_rates,
-            tf.where(silent, self._per_component(plan, self.zero_rates), zero),
-        )
+        self._write(plan, self.underflow_rates, subnormal)
+        self._write(plan, self.zero_rates, zero)
 
     def telemetry(self) -> dict:
         """Per-layer numbers for monitoring, as plain Python values.
@@ -504,35 +512,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         >>> telemetry["scale"], telemetry["overflows"], telemetry["skipped_steps"]
         ({'loss': 32768.0}, {'loss': 0}, 0)
         """
-        names = ["loss", *self._scale_names] if self.built else ["loss"]
-
-        def per_layer(variable, kind, default):
-            if not self.built:
-                return {"loss": default}
-            values = keras.ops.convert_to_numpy(variable)
-            return {n: kind(v) for n, v in zip(names, values)}
-
-        steps = skipped = in_a_row = 0
-        recent = 0.0
-        if self.built:
-            skipped = int(keras.ops.convert_to_numpy(self.skipped_steps))
-            steps = int(keras.ops.convert_to_numpy(self.iterations)) + skipped
-            window = keras.ops.convert_to_numpy(self.recent_skips)
-            recent = float(window.sum()) / max(1, min(steps, SKIP_WINDOW))
-            in_a_row = int(keras.ops.convert_to_numpy(self.skipped_in_a_row))
-        telemetry = {
-            "scale": self.layer_scales(),
-            "headroom": per_layer(getattr(self, "headroom", None), float, 0.0),
-            "underflow_rate": per_layer(getattr(self, "underflow_rates", None), float, 0.0),
-            "zero_rate": per_layer(getattr(self, "zero_rates", None), float, 0.0),
-            "overflows": per_layer(getattr(self, "overflow_counts", None), int, 0),
-            "last_overflow_step": per_layer(getattr(self, "last_overflow_step", None), int, -1),
-            "skipped_steps": skipped,
-            "recent_skip_rate": recent,
-            "skipped_in_a_row": in_a_row,
-            "steps": steps,
-        }
-        telemetry["warning"] = _stuck(telemetry, self.warn_after_skipped_steps)
+        telemetry = _telemetry.read(self)
         if telemetry["warning"] is not None and not self._warned_stuck:
             self._warned_stuck = True
             warnings.warn(telemetry["warning"], stacklevel=2)
@@ -644,54 +624,6 @@ def _power_of_two_at_most(initial_scale) -> float:
 
 SETTLING = 2.0**4
 """A scale that moved by this factor or more is still settling: measure again."""
-SKIP_WINDOW = 100
-"""Steps over which `telemetry()["recent_skip_rate"]` is taken."""
-STUCK_SHARE = 0.25
-"""Share of the last `SKIP_WINDOW` steps skipped above which the scaling is reported stuck."""
-
-
-def _stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
-    """Why the scaling looks stuck, from `telemetry()`'s numbers, or None."""
-    in_a_row = telemetry["skipped_in_a_row"]
-    share = telemetry["recent_skip_rate"]
-    many = telemetry["steps"] >= SKIP_WINDOW and share >= STUCK_SHARE
-    if in_a_row < in_a_row_limit and not many:
-        return None
-    floor = [n for n, s in telemetry["scale"].items() if s <= policies.MIN_SCALE]
-    recent = sorted(
-        (
-            n
-            for n, s in telemetry["last_overflow_step"].items()
-            if s >= 0 and s >= telemetry["steps"] - SKIP_WINDOW
-        ),
-        key=lambda n: -telemetry["last_overflow_step"][n],
-    )
-    since = telemetry["steps"] - in_a_row
-    what = (
-        f"the last {in_a_row} steps were all skipped (since step {since})"
-        if in_a_row >= in_a_row_limit
-        else f"{share:.0%} of the last {SKIP_WINDOW} steps were skipped"
-    )
-    where = f"; overflows started in: {', '.join(recent[:8])}" if recent else ""
-    at_floor = f"; scales at their floor (2**-24): {', '.join(floor[:8])}" if floor else ""
-    return (
-        f"keras_als: loss scaling looks stuck: {what}{where}{at_floor}. Skipped steps "
-        "change no weight. The usual causes: NaN or Inf in the input data or labels, a "
-        "loss that is already not finite in float32, or a learning rate that makes "
-        "training diverge. Check the data (tf.debugging.check_numerics), train a few "
-        "steps in float32, or lower the learning rate."
-    )
-
-
-FLUSH_PROPAGATION = 8
-"""Components upstream of a flushed gradient marked as underflowed whole (telemetry)."""
-
-
-def _downstream_matrix(plan) -> tf.Tensor:
-    """`[c, d]` is 1 where gradient flows from component `d` into component `c`."""
-    downstream = plan.downstream()
-    n = len(downstream)
-    return tf.constant([[1.0 if d in downstream[c] else 0.0 for d in range(n)] for c in range(n)])
 
 
 def _not_finite(amaxes: list) -> tf.Tensor:
@@ -701,9 +633,18 @@ def _not_finite(amaxes: list) -> tf.Tensor:
     return tf.logical_not(tf.reduce_all(tf.math.is_finite(tf.stack(amaxes))))
 
 
-def _group_and_unscale(plan, grads, variables, optimizer):
-    """Per component, the weight gradients (at its scale) and whether each was
-    computed in float16; and every gradient divided by its component's scale."""
+class _Gradients(NamedTuple):
+    """A step's gradients, grouped by scale component (see `_group_and_unscale`)."""
+
+    weight_grads: list  # per component, its weight gradients (at its scale)
+    float16: list  # per component, for each of them, whether computed in float16
+    weight_amax: list  # per component, each one's largest absolute value
+    unscaled: list  # every gradient divided by its component's scale, in variable order
+
+
+def _group_and_unscale(plan, grads, variables, optimizer) -> _Gradients:
+    """Phase 1: groups the gradients by component and divides each by its
+    component's scale."""
     weight_grads = [[] for _ in plan.components]
     float16 = [[] for _ in plan.components]
     unscaled = []
@@ -715,12 +656,38 @@ def _group_and_unscale(plan, grads, variables, optimizer):
         weight_grads[i].append(g)
         float16[i].append(_computed_in_float16(v))
         unscaled.append(_divide(g, plan.scales[i]))
-    return weight_grads, float16, unscaled
+    weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
+    return _Gradients(weight_grads, float16, weight_amax, unscaled)
+
+
+def _check_finite(plan, weight_amax) -> tuple[tf.Tensor, tf.Tensor]:
+    """Phase 2: whether every gradient is finite on every replica, and which
+    components an overflow reached.
+
+    Non-finite weight gradients mark the components an overflow reached: where
+    it started and every component upstream of it. On measuring steps the
+    gradients entering each component's wrapped layers are reduced too (else
+    they read 0): a non-finite one counts. With a loss that is not finite, the
+    forward pass (the data) is to blame, not the scales: it reaches none.
+    """
+    crossed = {}
+    if plan.crossings is not None:
+        plan.crossings.finish()  # the boundaries' gradients that still wait
+        crossed = plan.crossings.reduced
+    not_finite = tf.stack(
+        [
+            _not_finite(group + [crossed[id(b)].amax for b in c.inside if id(b) in crossed])
+            for group, c in zip(weight_amax, plan.components)
+        ]
+    )
+    finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
+    reached = _statistics.reached_on_any_replica(tf.logical_and(not_finite, plan.loss_finite))
+    return finite, reached
 
 
 def _computed_in_float16(variable) -> bool:
     """Whether the layer that owns `variable` computes in float16 (else the global policy)."""
-    owner = _owner(variable)
+    owner = owner_of(variable)
     dtype = owner.layer.compute_dtype if owner is not None else None
     return (dtype or keras.config.dtype_policy().compute_dtype) == "float16"
 

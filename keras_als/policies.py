@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import NamedTuple
 
 import keras
@@ -422,7 +423,9 @@ def after_overflow(
     )
 
 
-_BY_NAME = {"max_safe": MaxSafe, "approx_range": ApproxRange, "fixed": Fixed}
+_BY_NAME = types.MappingProxyType(
+    {"max_safe": MaxSafe, "approx_range": ApproxRange, "fixed": Fixed}
+)
 
 
 def get(identifier: str | Policy) -> Policy:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import keras
 import tensorflow as tf
 
@@ -14,7 +16,28 @@ from keras_als._keras_private import (
     producer,
     set_keras_mask,
 )
-from keras_als.optimizer import mark_owner
+
+_OWNER = "_keras_als_owner"
+"""Attribute by which a wrapper declares, on each weight of its layer, that it owns it."""
+
+
+def owner_of(variable) -> AdaptiveScaled | None:
+    """The `AdaptiveScaled` wrapper whose layer holds `variable`, or None.
+
+    A wrapper declares its layer's trainable weights when it is called; the
+    optimizer reads the declaration to give each wrapped layer a scale.
+
+    Example:
+
+    >>> import keras, keras_als
+    >>> from keras_als.wrapper import owner_of
+    >>> wrapped = keras_als.AdaptiveScaled(keras.layers.Dense(2))
+    >>> _ = wrapped(keras.ops.ones((1, 3)))
+    >>> owner_of(wrapped.layer.kernel) is wrapped
+    True
+    """
+    reference = getattr(variable, _OWNER, None)
+    return reference() if reference is not None else None
 
 
 @keras.saving.register_keras_serializable(package="keras_als")
@@ -91,10 +114,10 @@ class AdaptiveScaled(keras.layers.Wrapper):
             ]
             _replace_keeping_masks(flat, floating, crossed)  # the layer reads masks off its inputs
             args, kwargs = keras.tree.pack_sequence_as((args, kwargs), flat)
-        state = _forward_state.snapshot(self.layer.non_trainable_variables)
+        _forward_state.snapshot(self.layer.non_trainable_variables)
         outputs = self.layer(*args, **kwargs)
-        _forward_state.record(state)
-        mark_owner(self, self.layer.trainable_weights)
+        for variable in self.layer.trainable_weights:  # built now: declare them ours
+            setattr(variable, _OWNER, weakref.ref(self))
         if self.scale_outputs:
             outputs = self._cross_outputs(outputs)
         return outputs

@@ -57,7 +57,7 @@ def test_scales_change_only_on_every_nth_step_once_settled():
     for _ in range(3 * n):  # settle at learning rate 0
         step()
     settled = optimizer.layer_scales()
-    counter = int(optimizer.step_counter.numpy())
+    counter = int(optimizer.steps_since_measured.numpy())
     factor.assign(2.0**5)  # gradients 32x larger: every max-safe scale falls by ~32x
     unchanged_steps = 0
     while optimizer.layer_scales() == settled:
@@ -99,7 +99,7 @@ def test_an_overflow_between_measurements_backs_off_at_once_and_costs_no_extra_s
             step()
         settled = optimizer.layer_scales()
         if n > 1:
-            assert int(optimizer.step_counter.numpy()) != 0  # the next step does not measure
+            assert int(optimizer.steps_since_measured.numpy()) != 0  # next step: no measuring
         factor.assign(2.0**14)  # far beyond the margin: the scaled gradients overflow
         if n > 1:
             step()
@@ -110,7 +110,7 @@ def test_an_overflow_between_measurements_backs_off_at_once_and_costs_no_extra_s
             for name in list(now)[1:3]:  # the two float16 layers, after the loss
                 assert now[name] == settled[name] * policies.BACKOFF
             assert now["loss"] == settled["loss"]  # float32 head: not reached
-            assert int(optimizer.step_counter.numpy()) == 0  # so the next step measures
+            assert int(optimizer.steps_since_measured.numpy()) == 0  # so the next step measures
         skipped[n] = _skipped_until_recovered(optimizer, step)
         assert optimizer.layer_scales()["loss"] < settled["loss"]
     assert skipped[16] == skipped[1], skipped

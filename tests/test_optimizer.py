@@ -158,13 +158,16 @@ def test_a_tensor_captured_by_the_step_function_is_fine():
     assert int(optimizer.iterations.numpy()) == 2
 
 
-def test_a_dropped_optimizer_leaves_no_plan_behind():
+def test_the_step_record_keeps_no_dropped_optimizer_or_layer_alive():
+    """TensorFlow may keep a traced graph after its function is gone; the step
+    record lives on that graph, so it must hold the optimizer and the wrapped
+    layers weakly."""
     import gc
     import weakref
 
     import tensorflow as tf
 
-    from keras_als import _plan
+    from keras_als import _step_record
 
     def train_one_step():
         model = keras_als.wrap_model(models.sequential_mlp()[0])
@@ -179,8 +182,12 @@ def test_a_dropped_optimizer_leaves_no_plan_behind():
             optimizer.apply(grads, model.trainable_variables)
 
         step()
-        return weakref.ref(_plan._plans()[optimizer])
+        record = _step_record.read(step.get_concrete_function().graph)
+        assert record.plan_for(optimizer) is not None and len(record.boundaries) == 4
+        wrappers = [weakref.ref(b.owner) for b in record.boundaries]
+        return weakref.ref(optimizer), wrappers
 
-    plan = train_one_step()  # model, optimizer and step are dropped on return
+    optimizer, wrappers = train_one_step()  # model, optimizer and step are dropped on return
     gc.collect()
-    assert plan() is None
+    assert optimizer() is None
+    assert all(w() is None for w in wrappers)

@@ -86,7 +86,7 @@ def test_a_residual_trunk_gets_a_scale_per_block():
 
 def _components(model, optimizer, x, y):
     """The number of scale components in the traced training step."""
-    from keras_als import _plan
+    from keras_als import _step_record
 
     @tf.function
     def plan():
@@ -98,7 +98,8 @@ def _components(model, optimizer, x, y):
         return tf.constant(0)
 
     plan()
-    return len(_plan._plans()[optimizer].components)
+    graph = plan.get_concrete_function().graph
+    return len(_step_record.read(graph).plan_for(optimizer).components)
 
 
 def _train(model, optimizer, x, y, steps, jit_compile=True):

@@ -1,0 +1,113 @@
+"""Telemetry: what the optimizer's state says about the scaling, as plain values.
+
+`read` turns `AdaptiveLossScaleOptimizer`'s variables into the dict that
+`telemetry()` returns, `stuck` says why the scaling looks stuck (or None), and
+`underflow` computes the per-component underflow shares a measuring step
+records. Reading telemetry never changes training.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from keras_als import _statistics, policies
+
+SKIP_WINDOW = 100
+"""Steps over which `telemetry()["recent_skip_rate"]` is taken."""
+STUCK_SHARE = 0.25
+"""Share of the last `SKIP_WINDOW` steps skipped above which the scaling is reported stuck."""
+FLUSH_PROPAGATION = 8
+"""Components upstream of a flushed gradient marked as underflowed whole."""
+
+
+def read(optimizer) -> dict:
+    """`optimizer.telemetry()`'s dict (see there), without warning."""
+    built = optimizer.built
+    names = ["loss", *optimizer._scale_names] if built else ["loss"]
+
+    def per_layer(name, kind, default):
+        if not built:
+            return {"loss": default}
+        values = keras.ops.convert_to_numpy(getattr(optimizer, name))
+        return {n: kind(v) for n, v in zip(names, values)}
+
+    steps = skipped = in_a_row = 0
+    recent = 0.0
+    if built:
+        skipped = int(keras.ops.convert_to_numpy(optimizer.skipped_steps))
+        steps = int(keras.ops.convert_to_numpy(optimizer.iterations)) + skipped
+        window = keras.ops.convert_to_numpy(optimizer.recent_skips)
+        recent = float(window.sum()) / max(1, min(steps, SKIP_WINDOW))
+        in_a_row = int(keras.ops.convert_to_numpy(optimizer.skipped_in_a_row))
+    telemetry = {
+        "scale": optimizer.layer_scales(),
+        "headroom": per_layer("headroom", float, 0.0),
+        "underflow_rate": per_layer("underflow_rates", float, 0.0),
+        "zero_rate": per_layer("zero_rates", float, 0.0),
+        "overflows": per_layer("overflow_counts", int, 0),
+        "last_overflow_step": per_layer("last_overflow_step", int, -1),
+        "skipped_steps": skipped,
+        "recent_skip_rate": recent,
+        "skipped_in_a_row": in_a_row,
+        "steps": steps,
+    }
+    telemetry["warning"] = stuck(telemetry, optimizer.warn_after_skipped_steps)
+    return telemetry
+
+
+def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
+    """Why the scaling looks stuck, from `telemetry()`'s numbers, or None."""
+    in_a_row = telemetry["skipped_in_a_row"]
+    share = telemetry["recent_skip_rate"]
+    many = telemetry["steps"] >= SKIP_WINDOW and share >= STUCK_SHARE
+    if in_a_row < in_a_row_limit and not many:
+        return None
+    floor = [n for n, s in telemetry["scale"].items() if s <= policies.MIN_SCALE]
+    recent = sorted(
+        (
+            n
+            for n, s in telemetry["last_overflow_step"].items()
+            if s >= 0 and s >= telemetry["steps"] - SKIP_WINDOW
+        ),
+        key=lambda n: -telemetry["last_overflow_step"][n],
+    )
+    since = telemetry["steps"] - in_a_row
+    what = (
+        f"the last {in_a_row} steps were all skipped (since step {since})"
+        if in_a_row >= in_a_row_limit
+        else f"{share:.0%} of the last {SKIP_WINDOW} steps were skipped"
+    )
+    where = f"; overflows started in: {', '.join(recent[:8])}" if recent else ""
+    at_floor = f"; scales at their floor (2**-24): {', '.join(floor[:8])}" if floor else ""
+    return (
+        f"keras_als: loss scaling looks stuck: {what}{where}{at_floor}. Skipped steps "
+        "change no weight. The usual causes: NaN or Inf in the input data or labels, a "
+        "loss that is already not finite in float32, or a learning rate that makes "
+        "training diverge. Check the data (tf.debugging.check_numerics), train a few "
+        "steps in float32, or lower the learning rate."
+    )
+
+
+def underflow(plan, statistics, weight_grads, float16, before) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per component, the shares of float16 subnormals and of exact zeros.
+
+    A gradient that rounded to zero whole at a boundary, or a component whose
+    every gradient is zero though gradient reached it, underflowed whole (or
+    its units are all dead): its underflow share is 1, and so is that of the
+    components upstream that received nothing (silent), up to
+    `FLUSH_PROPAGATION` components away. Where nothing reached a component,
+    its shares stay as they were (`before`, a pair of vectors).
+    """
+    subnormal, zero = _statistics.underflow_shares(plan, weight_grads, float16)
+    silent = statistics.silent
+    if statistics.flushed is not None:
+        nothing = tf.logical_and(tf.equal(statistics.amax, 0.0), tf.logical_not(silent))
+        lost = tf.logical_or(statistics.flushed, nothing)
+        downstream = plan.downstream_matrix()
+        for _ in range(FLUSH_PROPAGATION):
+            below = tf.linalg.matvec(downstream, tf.cast(lost, tf.float32)) > 0
+            lost = tf.logical_or(lost, tf.logical_and(silent, below))
+        subnormal = tf.where(lost, tf.ones_like(subnormal), subnormal)
+        silent = tf.logical_and(silent, tf.logical_not(lost))
+    return tf.where(silent, before[0], subnormal), tf.where(silent, before[1], zero)

@@ -1,0 +1,110 @@
+"""The architecture's rules, checked on the code (see docs/guide/architecture.md).
+
+State passes between the phases of a step only through `_step_record`, and
+lives on the traced graph; ownership flows one way (the wrapper declares, the
+optimizer reads); a plan cannot change after it is made.
+"""
+
+import ast
+import dataclasses
+import importlib
+import pathlib
+import pkgutil
+import threading
+import weakref
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_als
+from keras_als import _step_record
+
+PACKAGE = pathlib.Path(keras_als.__file__).parent
+MUTABLE = (
+    dict,
+    list,
+    set,
+    bytearray,
+    weakref.WeakKeyDictionary,
+    weakref.WeakValueDictionary,
+    threading.local,
+)
+
+
+def _modules():
+    return [importlib.import_module(f"keras_als.{m.name}") for m in pkgutil.iter_modules([PACKAGE])]
+
+
+def test_no_module_keeps_mutable_state_at_module_level():
+    stores = [
+        f"{module.__name__}.{name}"
+        for module in _modules()
+        for name, value in vars(module).items()
+        if not name.startswith("__") and isinstance(value, MUTABLE)
+    ]
+    assert stores == []
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("module", ["wrapper", "_boundary", "_plan", "_step_record"])
+def test_the_forward_side_does_not_import_the_optimizer(module):
+    """The wrapper declares what it owns and the optimizer reads it, not back."""
+    assert "keras_als.optimizer" not in _imports(PACKAGE / f"{module}.py")
+
+
+def test_a_plan_cannot_change_after_it_is_made():
+    model = keras_als.wrap_model(
+        keras.Sequential(
+            [
+                keras.Input((3,)),
+                keras.layers.Dense(2, name="hidden"),
+                keras.layers.Dense(1, name="out"),
+            ]
+        )
+    )
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def plan():
+        optimizer.scale_loss(tf.reduce_sum(model(tf.ones((1, 3)))))
+        return tf.constant(0)
+
+    plan()
+    made = _step_record.read(plan.get_concrete_function().graph).plan_for(optimizer)
+    assert [c.name for c in made.components] == ["loss", "hidden"]  # "out" holds the loss's
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.scales = np.ones(3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.components[0].slot = 5
+    with pytest.raises(TypeError):
+        made.component_of[0] = 1
+    with pytest.raises(TypeError):
+        made.ratios[0] = 1.0
+
+
+def test_the_step_record_is_per_graph_and_empty_outside_a_traced_function():
+    model = keras_als.wrap_model(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+
+    @tf.function
+    def forward(x):
+        return model(x)
+
+    forward(tf.ones((1, 3)))
+    forward(tf.ones((2, 3)))  # another shape: a second trace, a second graph
+    graphs = [f.graph for f in forward._list_all_concrete_functions_for_serialization()]
+    assert len(graphs) == 2
+    assert [len(_step_record.read(g).boundaries) for g in graphs] == [1, 1]
+    assert _step_record.read().boundaries == ()  # eager: nothing recorded
