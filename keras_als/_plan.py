@@ -9,9 +9,9 @@ layer) join their components. Every gradient inside a component carries the
 component's scale, which makes sums of gradients (fan-out, residual adds,
 shared layers, several outputs) consistent by construction.
 
-Each component is held by one *slot* of the optimizer's scales (0 is the
+Each component is held by one *entry* of the optimizer's scale vector (0 is the
 loss's, then one per wrapped layer): the loss's for the loss's component, else
-the slot of a wrapped layer whose weights lie in it, else (a component with no
+the entry of a wrapped layer whose weights lie in it, else (a component with no
 wrapped weights) that of a component its gradient comes from. A boundary from
 component `a` (input side) to `b` multiplies the gradient by
 `scale[a] / scale[b]`.
@@ -33,23 +33,23 @@ class Component:
     """One scale component of a traced graph.
 
     Attributes:
-        slot: The slot of the optimizer's scales that holds its scale.
-        name: The name of that slot (a wrapped layer's, or `"loss"`).
-        aliases: More slots kept equal to it (wrapped layers whose weights lie
+        entry: The entry of the optimizer's scales that holds its scale.
+        name: The name of that entry (a wrapped layer's, or `"loss"`).
+        aliases: More entries kept equal to it (wrapped layers whose weights lie
             in this component too).
         inside: Boundaries whose output (the wrapped layer's side) lies here.
         feeding: Boundaries whose input (the upstream side) lies here.
     """
 
-    slot: int
+    entry: int
     name: str
     aliases: tuple[int, ...] = ()
     inside: tuple = ()
     feeding: tuple = ()
 
-    def slots(self) -> list[int]:
-        """Every slot that holds this component's scale."""
-        return [self.slot, *self.aliases]
+    def entries(self) -> list[int]:
+        """Every entry that holds this component's scale."""
+        return [self.entry, *self.aliases]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Plan:
     graph: object
     components: tuple[Component, ...]
     scales: tf.Tensor  # float32, one per component, read when the plan was made
-    slot_scales: tf.Tensor  # float32, every slot of the optimizer's scales, read then too
+    scale_vector: tf.Tensor  # float32, every entry of the optimizer's scales, read then too
     component_of: Mapping[int, int]  # id(variable handle) -> component index
     sides: Mapping[int, tuple[int, int]]  # id(boundary) -> (input side, output side)
     ratios: Mapping[int, tf.Tensor]  # id(boundary) -> its gradient's multiplier
@@ -107,20 +107,20 @@ def connect(plan: Plan) -> None:
 
 @dataclasses.dataclass
 class _Draft:
-    """A component while `make_plan` assigns slots (becomes a `Component`)."""
+    """A component while `make_plan` assigns entries (becomes a `Component`)."""
 
-    slot: int | None = None
+    entry: int | None = None
     name: str = ""
     aliases: list[int] = dataclasses.field(default_factory=list)
     inside: list = dataclasses.field(default_factory=list)
     feeding: list = dataclasses.field(default_factory=list)
 
-    def hold(self, slot: int, name: str) -> None:
-        """Takes `slot` as this component's scale, or keeps it equal as an alias."""
-        if self.slot is None:
-            self.slot, self.name = slot, name
-        elif slot != self.slot and slot not in self.aliases:
-            self.aliases.append(slot)
+    def hold(self, entry: int, name: str) -> None:
+        """Takes `entry` as this component's scale, or keeps it equal as an alias."""
+        if self.entry is None:
+            self.entry, self.name = entry, name
+        elif entry != self.entry and entry not in self.aliases:
+            self.aliases.append(entry)
 
 
 class _UnionFind:
@@ -188,7 +188,7 @@ def make_plan(
     loss: tf.Tensor,
     boundaries: Sequence[_boundary.Boundary],
     owners: Sequence,
-    slot_scales: tf.Tensor,
+    scale_vector: tf.Tensor,
     built: bool,
     measuring: tf.Tensor | None = None,
     count_zeros: bool = False,
@@ -198,10 +198,10 @@ def make_plan(
     Args:
         loss: The traced loss.
         boundaries: The boundaries the forward pass inserted (the step record's).
-        owners: The wrapped layers with a scale, in slot order (slot `1 + i`;
-            slot 0 is the loss's).
-        slot_scales: Every slot's current scale (float32 vector).
-        built: Whether the scale variables exist yet (else `slot_scales` are
+        owners: The wrapped layers with a scale, in entry order (entry `1 + i`;
+            entry 0 is the loss's).
+        scale_vector: Every entry's current scale (float32 vector).
+        built: Whether the scale variables exist yet (else `scale_vector` are
             first guesses and the step only unscales).
         measuring: Scalar bool: the step measures where it holds; None: every
             step measures; without `built`, no step does.
@@ -212,7 +212,7 @@ def make_plan(
     """
     graph = loss.graph
     sets, label_of_op, reached = _walk(loss, list(boundaries))
-    slot_of = {id(owner): 1 + i for i, owner in enumerate(owners)}
+    entry_of = {id(owner): 1 + i for i, owner in enumerate(owners)}
 
     roots: dict[int, int] = {}
     components: list[_Draft] = []
@@ -242,60 +242,60 @@ def make_plan(
     # Slots: the loss's, then each wrapped layer's where its weights lie.
     components[loss_component].hold(0, "loss")
     for b, _, _ in reached:
-        slot = slot_of.get(id(b.owner))
-        if slot is None:
+        entry = entry_of.get(id(b.owner))
+        if entry is None:
             continue
         placed = [
             component_of[id(w.handle)]
             for w in b.owner.trainable_weights
             if id(w.handle) in component_of
         ]
-        components[placed[0] if placed else sides[id(b)][1]].hold(slot, b.owner.layer.name)
+        components[placed[0] if placed else sides[id(b)][1]].hold(entry, b.owner.layer.name)
     # Wrapped layers with no boundary here (an Embedding of token ids) hold the
     # component their weights lie in, so that their reported scale is true.
     reached_owners = {id(b.owner) for b, _, _ in reached}
     for owner in owners:
-        slot = slot_of[id(owner)]
+        entry = entry_of[id(owner)]
         placed = [
             component_of[id(w.handle)]
             for w in owner.trainable_weights
             if id(w.handle) in component_of
         ]
-        if id(owner) in reached_owners or slot is None or not placed:
+        if id(owner) in reached_owners or entry is None or not placed:
             continue
-        components[placed[0]].hold(slot, owner.layer.name)
+        components[placed[0]].hold(entry, owner.layer.name)
     # Components with no wrapped weights take the scale their gradient arrives with.
     changed = True
     while changed:
         changed = False
         for c in components:
-            if c.slot is None:
+            if c.entry is None:
                 for b in c.feeding:
                     source = components[sides[id(b)][1]]
-                    if source.slot is not None:
-                        c.slot, c.name, changed = source.slot, source.name, True
+                    if source.entry is not None:
+                        c.entry, c.name, changed = source.entry, source.name, True
                         break
     for c in components:
-        if c.slot is None:
-            c.slot, c.name = 0, "loss"
+        if c.entry is None:
+            c.entry, c.name = 0, "loss"
 
-    # Components held by one slot share its scale: merge them.
+    # Components held by one entry share its scale: merge them.
     merged: list[_Draft] = []
-    index_of_slot: dict[int, int] = {}
+    index_of_entry: dict[int, int] = {}
     final = []
     for c in components:
-        if c.slot not in index_of_slot:
-            index_of_slot[c.slot] = len(merged)
-            merged.append(_Draft(c.slot, c.name))
-        group = merged[index_of_slot[c.slot]]
+        if c.entry not in index_of_entry:
+            index_of_entry[c.entry] = len(merged)
+            merged.append(_Draft(c.entry, c.name))
+        group = merged[index_of_entry[c.entry]]
         group.aliases += [a for a in c.aliases if a not in group.aliases]
         group.inside += c.inside
         group.feeding += c.feeding
-        final.append(index_of_slot[c.slot])
+        final.append(index_of_entry[c.entry])
     sides = {k: (final[a], final[o]) for k, (a, o) in sides.items()}
     component_of = {k: final[c] for k, c in component_of.items()}
 
-    scales = tf.gather(slot_scales, [c.slot for c in merged])
+    scales = tf.gather(scale_vector, [c.entry for c in merged])
     # Every boundary's ratio from one vector op: one small kernel, not one per boundary.
     crossing = [(b, *sides[id(b)]) for b, _, _ in reached if sides[id(b)][0] != sides[id(b)][1]]
     ratios = {}
@@ -305,14 +305,14 @@ def make_plan(
         )
         ratios = {id(b): values[k] for k, (b, _, _) in enumerate(crossing)}
     frozen = tuple(
-        Component(c.slot, c.name, tuple(c.aliases), tuple(c.inside), tuple(c.feeding))
+        Component(c.entry, c.name, tuple(c.aliases), tuple(c.inside), tuple(c.feeding))
         for c in merged
     )
     return Plan(
         graph,
         frozen,
         scales,
-        slot_scales,
+        scale_vector,
         types.MappingProxyType(component_of),
         types.MappingProxyType(sides),
         types.MappingProxyType(ratios),

@@ -145,17 +145,17 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # step less than one per layer.
         self._layer_scales = state("layer_scales", shape=(len(owners),))
         self.skipped_steps = state("skipped_steps", "int", 0)
-        slots = len(self._scale_names) + 1  # the loss's, then each layer's
+        entries = len(self._scale_names) + 1  # the loss's, then each layer's
         # What overflows taught each scale (policies.Headroom), and whether it
         # was ever chosen from a measurement (1) or is still the first guess (0).
-        self.headroom = state("headroom", "float32", 0.0, shape=(slots,))
-        self.headroom_since = state("headroom_since", "float32", 0.0, shape=(slots,))
-        self.measured = state("measured", "int", 0, shape=(slots,))
+        self.headroom = state("headroom", "float32", 0.0, shape=(entries,))
+        self.headroom_since = state("headroom_since", "float32", 0.0, shape=(entries,))
+        self.measured = state("measured", "int", 0, shape=(entries,))
         # Telemetry: where overflows started and when; the recent skips.
-        self.overflow_counts = state("overflow_counts", "int", 0, shape=(slots,))
-        self.last_overflow_step = state("last_overflow_step", "float32", -1.0, shape=(slots,))
-        self.underflow_rates = state("underflow_rates", "float32", 0.0, shape=(slots,))
-        self.zero_rates = state("zero_rates", "float32", 0.0, shape=(slots,))
+        self.overflow_counts = state("overflow_counts", "int", 0, shape=(entries,))
+        self.last_overflow_step = state("last_overflow_step", "float32", -1.0, shape=(entries,))
+        self.underflow_rates = state("underflow_rates", "float32", 0.0, shape=(entries,))
+        self.zero_rates = state("zero_rates", "float32", 0.0, shape=(entries,))
         self.recent_skips = state("recent_skips", "int", 0, shape=(SKIP_WINDOW,))
         self.skipped_in_a_row = state("skipped_in_a_row", "int", 0)
         # Finite steps since the boundaries last measured.
@@ -171,17 +171,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """The wrapped layers that have a scale variable (empty before `build`)."""
         return list(self._scale_owners) if self.built else []
 
-    def scale_slot_for(self, wrapper) -> int | None:
-        """The slot of a wrapped layer in `slot_scales()`, or None if it has none."""
-        if not self.built:
-            return None
-        for i, owner in enumerate(self._scale_owners):
-            if owner is wrapper:
-                return 1 + i
-        return None
-
-    def slot_scales(self) -> tf.Tensor:
-        """Every scale as one float32 vector: the loss's (slot 0), then each layer's."""
+    def scale_vector(self) -> tf.Tensor:
+        """Every scale as one float32 vector: the loss's (entry 0), then each wrapped layer's."""
         if not self.built:
             return tf.constant([float(self.initial_scale)])
         loss = tf.reshape(tf.convert_to_tensor(self.dynamic_scale), [1])
@@ -198,7 +189,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """
         if not self.built:
             return {"loss": float(self.initial_scale)}
-        values = keras.ops.convert_to_numpy(self.slot_scales())
+        values = keras.ops.convert_to_numpy(self.scale_vector())
         return {name: float(v) for name, v in zip(["loss", *self._scale_names], values)}
 
     @tf.autograph.experimental.do_not_convert
@@ -218,7 +209,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             loss,
             _step_record.read(loss.graph).boundaries,
             self.scale_owners(),
-            self.slot_scales(),
+            self.scale_vector(),
             self.built,
             measuring,
             count_zeros=bool(self.estimate_underflow),
@@ -346,7 +337,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def _apply_or_skip(self, plan, finite, reached, unscaled, variables, step):
         """Applies the unscaled gradients if `finite`; else skips the step,
-        changing no weight, slot or forward state, and learns from the overflow."""
+        changing no weight, inner optimizer slot or forward state, and learns from the overflow."""
 
         def learn():
             self._learn_from_overflow(plan, reached, step)
@@ -391,7 +382,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         )
         new = policies.next_scale(self.policy, statistics, plan.scales, headroom)
         if _statistics.several_replicas():  # this runs on skipped steps too
-            new = tf.where(finite, new, self._per_component(plan, self.slot_scales()))
+            new = tf.where(finite, new, self._per_component(plan, self.scale_vector()))
         self._assign_scales(plan, new)
         return new
 
@@ -444,22 +435,23 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._write(plan, self.last_overflow_step, tf.where(origin, now, last))
 
     def _per_component(self, plan, values) -> tf.Tensor:
-        """Each component's entry of a per-slot vector (its own slot's)."""
-        return tf.gather(tf.convert_to_tensor(values), [c.slot for c in plan.components])
+        """Each component's value in a vector with one entry per scale (its own entry's)."""
+        return tf.gather(tf.convert_to_tensor(values), [c.entry for c in plan.components])
 
     def _write(self, plan, variable, per_component) -> None:
-        """Writes each component's value into every slot of `variable` it holds."""
-        slots, components = _slots_of(plan)
+        """Writes each component's value into every entry of `variable` it holds."""
+        entries, components = _entries_of(plan)
         variable.assign(
             tf.tensor_scatter_nd_update(
-                tf.convert_to_tensor(variable), slots, tf.gather(per_component, components)
+                tf.convert_to_tensor(variable), entries, tf.gather(per_component, components)
             )
         )
 
     def _assign_scales(self, plan, new):
-        """Writes the new scale of every component into each of its slots."""
-        slots, components = _slots_of(plan)
-        updated = tf.tensor_scatter_nd_update(plan.slot_scales, slots, tf.gather(new, components))
+        """Writes the new scale of every component into each of its entries."""
+        entries, components = _entries_of(plan)
+        new = tf.gather(new, components)
+        updated = tf.tensor_scatter_nd_update(plan.scale_vector, entries, new)
         self.dynamic_scale.assign(updated[0])
         self._layer_scales.assign(updated[1:])
 
@@ -692,9 +684,9 @@ def _computed_in_float16(variable) -> bool:
     return (dtype or keras.config.dtype_policy().compute_dtype) == "float16"
 
 
-def _slots_of(plan) -> tuple[list[list[int]], list[int]]:
-    """`([slot], component)` pairs: every slot of `plan`'s components, and whose it is."""
-    pairs = [([slot], i) for i, c in enumerate(plan.components) for slot in c.slots()]
+def _entries_of(plan) -> tuple[list[list[int]], list[int]]:
+    """`([entry], component)` pairs: every entry of `plan`'s components, and whose it is."""
+    pairs = [([entry], i) for i, c in enumerate(plan.components) for entry in c.entries()]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 

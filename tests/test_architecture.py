@@ -88,7 +88,7 @@ def test_a_plan_cannot_change_after_it_is_made():
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.scales = np.ones(3)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        made.components[0].slot = 5
+        made.components[0].entry = 5
     with pytest.raises(TypeError):
         made.component_of[0] = 1
     with pytest.raises(TypeError):
