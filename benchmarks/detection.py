@@ -860,13 +860,9 @@ def paired(
 ) -> tuple[float, float, int]:
     """Mean and standard error over seeds of `method`'s mAP minus `reference`'s (points),
     paired by seed; NaN where a run has no finite mAP."""
-    by = {(r.method, r.seed): r.map for r in runs if r.optimizer == optimizer}
-    seeds = sorted(s for m, s in by if m == method and (reference, s) in by)
-    differences = np.array([100 * (by[(method, s)] - by[(reference, s)]) for s in seeds])
-    if len(differences) == 0:
-        return float("nan"), float("nan"), 0
-    error = np.std(differences, ddof=1) / np.sqrt(len(differences)) if len(seeds) > 1 else math.nan
-    return float(np.mean(differences)), float(error), len(seeds)
+    ours = {r.seed: r.map for r in runs if r.optimizer == optimizer and r.method == method}
+    theirs = {r.seed: r.map for r in runs if r.optimizer == optimizer and r.method == reference}
+    return common.paired_by_seed(ours, theirs, scale=100.0)
 
 
 def _pm(mean: float, error: float) -> str:

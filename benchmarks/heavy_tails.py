@@ -356,11 +356,7 @@ def paired(runs: list[Run], setting: str) -> tuple[float, float, int]:
     scale = 1.0 if _setting(setting).outcome == "loss" else 100.0
     ours = {r.seed: r.outcome for r in runs if r.setting == setting and r.method == OURS}
     theirs = {r.seed: r.outcome for r in runs if r.setting == setting and r.method == BASELINE}
-    diffs = [scale * (ours[s] - theirs[s]) for s in sorted(ours) if s in theirs]
-    if not diffs or not all(math.isfinite(d) for d in diffs):
-        return float("nan"), float("nan"), len(diffs)
-    error = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
-    return statistics.fmean(diffs), error, len(diffs)
+    return common.paired_by_seed(ours, theirs, scale)
 
 
 @dataclasses.dataclass

@@ -257,9 +257,7 @@ def paired(runs: list[Run], exponent: float, method: str, against: str) -> tuple
     """Accuracy of `method` minus `against`, in points, paired by seed: (mean, s.e.)."""
     ours = {r.seed: r.accuracy for r in runs if r.exponent == exponent and r.method == method}
     theirs = {r.seed: r.accuracy for r in runs if r.exponent == exponent and r.method == against}
-    return common.mean_and_standard_error(
-        [100 * (ours[s] - theirs[s]) for s in sorted(ours) if s in theirs]
-    )
+    return common.paired_by_seed(ours, theirs, scale=100.0)[:2]
 
 
 def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import statistics
 
+from benchmarks import common
 from benchmarks.convergence import Run
 from benchmarks.cost import Timing, growth_exponent
 from benchmarks.fidelity import Measurement
@@ -108,15 +109,11 @@ def paired_difference(runs: list[Run], task: str, method: str) -> tuple[float, f
     """Accuracy of `method` minus Keras LSO's, paired by seed, in points.
 
     Returns:
-        `(mean, standard error of the mean, seeds)`; the error is 0 for one seed.
+        `(mean, standard error of the mean, seeds)`; the error is NaN for one seed.
     """
     mine = {r.seed: r.accuracy for r in runs if r.task == task and r.method == method}
     theirs = {r.seed: r.accuracy for r in runs if r.task == task and r.method == BASELINE}
-    diffs = [100.0 * (mine[s] - theirs[s]) for s in mine if s in theirs]
-    if not diffs:
-        return float("nan"), float("nan"), 0
-    error = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
-    return statistics.fmean(diffs), error, len(diffs)
+    return common.paired_by_seed(mine, theirs, scale=100.0)
 
 
 def target_accuracy(runs: list[Run]) -> Target:
