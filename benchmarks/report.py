@@ -334,60 +334,43 @@ def convergence_table(runs: list[Run]) -> str:
     return _table(["task", *methods], rows)
 
 
+_TIMING_COLUMNS = {
+    "model": lambda t: t.model,
+    "variant": lambda t: t.method,
+    "wrapped layers": lambda t: str(t.layers),
+    "Keras LSO ms": lambda t: f"{t.lso_ms:.2f}",
+    "variant ms": lambda t: f"{t.als_ms:.2f}",
+    "keras_als ms": lambda t: f"{t.als_ms:.2f}",
+    "ratio": lambda t: f"{t.ratio:.3f}",
+    "LSO spread": lambda t: f"{t.lso_spread:.3f}",
+    "overhead ms": lambda t: f"{t.overhead_ms:.3f}",
+    "overhead per layer µs": lambda t: f"{1e3 * t.overhead_ms / t.layers:.1f}",
+    "instances x rounds x steps": lambda t: f"{t.instances} x {t.blocks} x {t.steps_per_block}",
+}
+"""How each column of the timing tables is read off a `Timing`."""
+
+
+def _timing_table(timings: list[Timing], columns: str) -> str:
+    header = columns.split(", ")
+    return _table(header, [[_TIMING_COLUMNS[c](t) for c in header] for t in timings])
+
+
 def cost_table(timings: list[Timing]) -> str:
     """Interleaved step times (XLA) of keras_als variants against Keras LSO."""
-    rows = [
-        [
-            t.model,
-            t.method,
-            str(t.layers),
-            f"{t.lso_ms:.2f}",
-            f"{t.als_ms:.2f}",
-            f"{t.ratio:.3f}",
-            f"{t.lso_spread:.3f}",
-            f"{t.instances} x {t.blocks} x {t.steps_per_block}",
-        ]
-        for t in timings
-    ]
-    header = [
-        "model",
-        "variant",
-        "wrapped layers",
-        "Keras LSO ms",
-        "variant ms",
-        "ratio",
-        "LSO spread",
+    return _timing_table(
+        timings,
+        "model, variant, wrapped layers, Keras LSO ms, variant ms, ratio, LSO spread, "
         "instances x rounds x steps",
-    ]
-    return _table(header, rows)
+    )
 
 
 def sweep_table(sweep: list[Timing]) -> str:
     """Overhead against the number of wrapped layers."""
-    rows = [
-        [
-            str(t.layers),
-            f"{t.lso_ms:.2f}",
-            f"{t.als_ms:.2f}",
-            f"{t.ratio:.3f}",
-            f"{t.lso_spread:.3f}",
-            f"{t.overhead_ms:.3f}",
-            f"{1e3 * t.overhead_ms / t.layers:.1f}",
-            f"{t.instances} x {t.blocks} x {t.steps_per_block}",
-        ]
-        for t in sorted(sweep, key=lambda t: t.layers)
-    ]
-    header = [
-        "wrapped layers",
-        "Keras LSO ms",
-        "keras_als ms",
-        "ratio",
-        "LSO spread",
-        "overhead ms",
-        "overhead per layer µs",
-        "instances x rounds x steps",
-    ]
-    return _table(header, rows)
+    return _timing_table(
+        sorted(sweep, key=lambda t: t.layers),
+        "wrapped layers, Keras LSO ms, keras_als ms, ratio, LSO spread, overhead ms, "
+        "overhead per layer µs, instances x rounds x steps",
+    )
 
 
 def memory_table(memory: list[Memory]) -> str:
