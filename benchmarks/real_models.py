@@ -6,13 +6,14 @@ backbones built from their constructors (no download), each under a small head
 with float32 outputs. The test suite (`tests/test_real_models.py`) and the
 benchmark's real-model section build them from here.
 
-`python -m benchmarks.real_models [--steps N] [--models a,b] [--parts skips,cost]`
+`python -m benchmarks.real_models [--steps N] [--models a,b] [--parts skips,cost,breakdown]`
 trains each model under mixed_float16 with XLA, with Keras's
 `LossScaleOptimizer` and with keras_als on the same weights and batches, and
 prints the skipped steps (in the first 50 steps and in the rest), and the cost
 of keras_als over Keras's: step time (median of interleaved steps), compile
 time (first step in fresh processes, with and without XLA) and XLA step memory
-(fresh processes, see `benchmarks.memory`). It writes
+(fresh processes, see `benchmarks.memory`); `breakdown` times ablations that
+show what the step time is spent on (`step_breakdown`). It writes
 benchmarks/results/real_models.json and .md; a run of one part keeps the
 other's results.
 
@@ -182,6 +183,56 @@ def step_times(name: str, rounds: int = 100, seed: int = 0) -> dict:
     return {"step_ratio": median["keras_als"] / median["keras"], "step_seconds": median}
 
 
+ABLATIONS = ("keras", "keras_als", "measuring_never", "no_boundary_reductions")
+"""The step-time ablation's variants (`step_breakdown`)."""
+
+
+class _NoReductions:
+    """Stands in for `keras_als._crossings.Crossings` and reduces nothing (ablation only:
+    scales are then chosen from weight gradients alone)."""
+
+    def __init__(self, graph, measuring, count_zeros):
+        self.reduced = {}
+
+    def arrived(self, boundary, gradients):
+        pass
+
+    def finish(self):
+        pass
+
+
+def step_breakdown(name: str, rounds: int = 300, seed: int = 0) -> dict:
+    """What keras_als's step time is spent on: median step times in one process,
+    steps interleaved, of Keras's optimizer, keras_als, keras_als whose scales are
+    never measured again after the first step (`measure_every_n_steps` 10**9), and
+    keras_als without the reductions of the gradients crossing the boundaries (an
+    ablation that changes what the scales are chosen from, for costing only)."""
+    from keras_als import _crossings
+
+    x, y = data(name, 1, seed)
+    built = {}
+    for variant in ABLATIONS:
+        model, optimizer = build(name, "keras" if variant == "keras" else "keras_als", seed)
+        if variant == "measuring_never":
+            optimizer.measure_every_n_steps = 10**9
+        original = _crossings.Crossings
+        if variant == "no_boundary_reductions":
+            _crossings.Crossings = _NoReductions
+        try:
+            for _ in range(3):  # trace, compile and warm up
+                model.train_on_batch(x, y)
+        finally:
+            _crossings.Crossings = original
+        built[variant] = model
+    times = {variant: [] for variant in ABLATIONS}
+    for _ in range(rounds):
+        for variant, model in built.items():
+            start = time.perf_counter()
+            model.train_on_batch(x, y)
+            times[variant].append(time.perf_counter() - start)
+    return {variant: 1e3 * statistics.median(t) for variant, t in times.items()}
+
+
 def compile_times(name: str, repeats: int = 3) -> dict:
     """First-step time of both methods, each in a fresh process, alternating.
 
@@ -291,6 +342,23 @@ def markdown(results: dict) -> str:
             f"{compiled['keras_als']:.1f}) | {traced['keras']:.1f} / {traced['keras_als']:.1f} "
             f"| {row['memory_ratio']:.3f}x | {', '.join(missed) or 'none'} |"
         )
+    models = results["models"]
+    broken_down = {n: r["breakdown_ms"] for n, r in models.items() if "breakdown_ms" in r}
+    if broken_down:
+        lines += [
+            "",
+            "Where keras_als's step time goes (`--parts breakdown`: median ms of interleaved "
+            "steps in one process; `measuring_never`: scales not measured again after the "
+            "first step; `no_boundary_reductions`: an ablation without the reductions of "
+            "the gradients crossing the boundaries, for costing only):",
+            "",
+            "| model | " + " | ".join(ABLATIONS) + " |",
+            "| --- |" + " --- |" * len(ABLATIONS),
+        ]
+        for name, ms in broken_down.items():
+            base = ms["keras"]
+            cells = [f"{ms[v]:.2f} ({ms[v] / base:.2f}x)" for v in ABLATIONS]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -299,7 +367,9 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=1050, help="training steps for skips")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument(
-        "--parts", default="skips,cost", help="skips (skipped steps), cost (time, memory)"
+        "--parts",
+        default="skips,cost",
+        help="skips (skipped steps), cost (time, memory), breakdown (step-time ablation)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per compile")
     parser.add_argument("--out", default="benchmarks/results/real_models")
@@ -348,6 +418,14 @@ def main(argv=None) -> None:
             print(
                 f"{name:14s} step time {row['step_ratio']:.3f}x, compile time "
                 f"{row['compile_ratio']:.3f}x, XLA step memory {row['memory_ratio']:.3f}x",
+                flush=True,
+            )
+        if "breakdown" in parts:
+            keras.utils.clear_session()
+            row["breakdown_ms"] = step_breakdown(name)
+            print(
+                f"{name:14s} step ms: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in row["breakdown_ms"].items()),
                 flush=True,
             )
         missed = [k for k, ok in verdicts(row).items() if not ok]

@@ -155,3 +155,36 @@ def test_the_worker_pool_renews_its_worker_and_does_not_hang(monkeypatch):
     with common.worker_pool() as pool:
         workers = [pool.submit(os.getpid).result(timeout=120) for _ in range(5)]
     assert len(set(workers)) == 3  # tasks 1-2, 3-4, 5
+
+
+def _real_model_row(als_after_50, step_ratio=1.02, breakdown=None):
+    row = {
+        "steps": 1050,
+        "keras": {"first_50": 6, "after_50": 1},
+        "keras_als": {"first_50": 3, "after_50": als_after_50},
+        "step_ratio": step_ratio,
+        "compile_ratio": 1.2,
+        "memory_ratio": 1.0,
+        "compile_seconds": {"keras": 10.0, "keras_als": 12.0},
+        "without_xla_seconds": {"keras": 5.0, "keras_als": 6.0},
+    }
+    if breakdown:
+        row["breakdown_ms"] = breakdown
+    return row
+
+
+def test_real_model_targets_allow_one_skip_per_1000_steps_after_the_first_50():
+    from benchmarks import real_models
+
+    assert all(real_models.verdicts(_real_model_row(1)).values())
+    missed = real_models.verdicts(_real_model_row(2, step_ratio=1.04))
+    assert [k for k, ok in missed.items() if not ok] == ["skips_after_50", "step_time"]
+
+
+def test_real_model_table_gives_each_ablation_as_ms_and_a_ratio_to_keras():
+    from benchmarks import real_models
+
+    ms = {"keras": 5.0, "keras_als": 6.0, "measuring_never": 5.5, "no_boundary_reductions": 5.1}
+    text = real_models.markdown({"batch": 8, "models": {"m": _real_model_row(1, breakdown=ms)}})
+    assert "| m | 5.00 (1.00x) | 6.00 (1.20x) | 5.50 (1.10x) | 5.10 (1.02x) |" in text
+    assert "| m | 1050 | 6 / 3 | 1 / 1 | 1.020x | 1.200x (10.0 / 12.0) | 5.0 / 6.0 |" in text
