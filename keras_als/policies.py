@@ -383,9 +383,10 @@ def after_overflow(
         level   = max of raised over the origins
         binades = raised          where origin
         binades = level           where reached, not origin, and level > now
-        binades = HEADROOM_STEP   where measured, not reached, any origin,
-                                  and HEADROOM_STEP > now
+        binades = HEADROOM_STEP   where measured, not reached, and HEADROOM_STEP > now
         since   = step            where binades changed (elsewhere both stay)
+
+    (the last `binades` line only when the overflow has an origin).
 
     Pass in `reached`, `origin` and `measured` only the components whose scale
     was chosen from a measurement: an overflow of a first guess says nothing
