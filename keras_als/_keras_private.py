@@ -8,6 +8,7 @@ rather than deep inside a training step.
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 from keras.src.models.functional import Functional
@@ -16,6 +17,7 @@ from keras.src.utils.tracking import no_automatic_dependency_tracking
 __all__ = [
     "Functional",
     "converts_inputs",
+    "has_own_output_spec",
     "get_keras_mask",
     "input_name",
     "no_automatic_dependency_tracking",
@@ -62,6 +64,19 @@ def converts_inputs(layer) -> bool:
     layer would; Keras keeps the switch in the private `_convert_input_args`.
     """
     return bool(getattr(layer, "_convert_input_args", True))
+
+
+def has_own_output_spec(layer) -> bool:
+    """Whether `layer` computes its output spec itself rather than by tracing `call`.
+
+    True where its class overrides `compute_output_spec` or
+    `compute_output_shape`. Keras marks its default `compute_output_shape`
+    with `@utils.default`, read by the private `_is_default`, and decides the
+    same way in `Layer.compute_output_spec`.
+    """
+    spec = type(layer).compute_output_spec is not keras.layers.Layer.compute_output_spec
+    shape = not getattr(type(layer).compute_output_shape, "_is_default", False)
+    return spec or shape
 
 
 def strategy_supports_no_merge_call() -> bool:

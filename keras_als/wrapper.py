@@ -12,6 +12,7 @@ from keras_als._keras_private import (
     Functional,
     converts_inputs,
     get_keras_mask,
+    has_own_output_spec,
     input_name,
     producer,
     set_keras_mask,
@@ -136,6 +137,24 @@ class AdaptiveScaled(keras.layers.Wrapper):
         _replace_keeping_masks(flat, floating, crossed)
         return keras.tree.pack_sequence_as(outputs, flat)
 
+    def compute_output_spec(self, *args, **kwargs):
+        # The boundaries are identities: the output spec is the layer's own,
+        # where it has one. Keras's default traces `call` on placeholders, and
+        # a sparse one where Keras marks a symbolic tensor sparse (as keras.ops
+        # arithmetic with a Python number does), which a layer that is never
+        # traced there in the plain model may not take. The layer's weights are
+        # made in its first call, so an unbuilt layer is traced once on dense
+        # placeholders, to build it.
+        if not has_own_output_spec(self.layer):
+            return super().compute_output_spec(*args, **kwargs)
+        if not self.layer.built:
+            dense_args, dense_kwargs = keras.tree.map_structure(_dense_spec, (args, kwargs))
+            super().compute_output_spec(*dense_args, **dense_kwargs)
+        spec = self.layer.compute_output_spec(*args, **kwargs)
+        if not self.scale_outputs:
+            return spec
+        return keras.tree.map_structure(_as_float32_spec, spec)
+
     def get_config(self):
         return {**super().get_config(), "scale_outputs": self.scale_outputs}
 
@@ -157,6 +176,20 @@ class AdaptiveScaled(keras.layers.Wrapper):
             inputs = inputs[0]
             mask = mask[0] if isinstance(mask, tuple) and len(mask) == 1 else mask
         return self.layer.compute_mask(inputs, mask)
+
+
+def _dense_spec(spec):
+    """`spec` (a symbolic tensor or anything else), not sparse."""
+    if not isinstance(spec, keras.KerasTensor) or not spec.sparse:
+        return spec
+    return keras.KerasTensor(spec.shape, dtype=spec.dtype, name=spec.name)
+
+
+def _as_float32_spec(spec):
+    """A floating symbolic output as `_cross_outputs` returns it: in float32."""
+    if not isinstance(spec, keras.KerasTensor) or "float" not in str(spec.dtype):
+        return spec
+    return keras.KerasTensor(spec.shape, dtype="float32", sparse=spec.sparse, name=spec.name)
 
 
 def _floating_positions(flat: list) -> list[int]:
@@ -263,7 +296,7 @@ def _copy_wrapped(model: keras.Model, scale_outputs_of: set[int] = frozenset()) 
             return layer
         if _is_graph_model(layer):
             return _copy_wrapped(layer)
-        clone = layer.__class__.from_config(layer.get_config())
+        clone = _copy_of(layer)
         if isinstance(layer, AdaptiveScaled) or not layer.trainable_weights:
             return clone
         return AdaptiveScaled(clone, scale_outputs=id(layer) in scale_outputs_of, name=layer.name)
@@ -283,6 +316,21 @@ def _copy_wrapped(model: keras.Model, scale_outputs_of: set[int] = frozenset()) 
     return keras.models.clone_model(
         model, input_tensors=inputs, clone_function=copy_layer, call_function=call_layer
     )
+
+
+def _copy_of(layer: keras.layers.Layer) -> keras.layers.Layer:
+    """A new layer from `layer`'s config, as `keras.models.clone_model` makes one."""
+    try:
+        return layer.__class__.from_config(layer.get_config())
+    except Exception as error:
+        raise ValueError(
+            f"wrap_model copies every layer from its config, and layer {layer.name!r} "
+            f"({type(layer).__name__}) cannot be copied that way: "
+            f"{type(error).__name__}: {error}. keras.models.clone_model fails on it the "
+            "same way, so this is a bug of that layer's get_config/"
+            "from_config; until it is fixed, build the model with its layers "
+            "wrapped in keras_als.AdaptiveScaled by hand."
+        ) from error
 
 
 def _joins_branches(layer, args, kwargs) -> bool:

@@ -66,6 +66,16 @@ def test_converts_inputs_is_true_for_ordinary_layers():
     assert private.converts_inputs(keras.layers.Dense(2)) is True
 
 
+def test_has_own_output_spec_tells_layers_with_an_output_shape_from_those_traced():
+    class Traced(keras.layers.Layer):
+        def call(self, x):
+            return x
+
+    assert private.has_own_output_spec(keras.layers.Conv2D(2, 1))  # compute_output_shape
+    assert private.has_own_output_spec(keras.layers.Multiply())  # compute_output_spec
+    assert not private.has_own_output_spec(Traced())
+
+
 def test_no_automatic_dependency_tracking_keeps_an_attribute_out_of_tracking():
     class Holder(keras.layers.Layer):
         @private.no_automatic_dependency_tracking

@@ -221,3 +221,66 @@ def test_mixed_float16_training_skips_no_more_steps_than_keras(name):
     print(name, skipped)
     assert skipped["keras_als"] <= skipped["keras"], skipped
     assert all(np.isfinite(losses["keras_als"]))
+
+
+def _text_model(backbone):
+    import keras_hub  # noqa: F401
+
+    sequence = backbone(backbone.input)
+    if isinstance(sequence, dict):
+        sequence = sequence["sequence_output"]
+    pooled = keras.layers.GlobalAveragePooling1D()(sequence)
+    return keras.Model(backbone.input, keras.layers.Dense(2, dtype="float32")(pooled))
+
+
+def _other_family(name):
+    """More models of the same families than the benchmark's four."""
+    import keras_hub
+
+    tiny = dict(vocabulary_size=128, num_layers=2, hidden_dim=32, intermediate_dim=64)
+    if name in ("EfficientNetB0", "DenseNet121", "ConvNeXtTiny", "MobileNetV3Small"):
+        base = getattr(keras.applications, name)(
+            weights=None, include_top=False, input_shape=(32, 32, 3)
+        )
+        return real_models._image_head(base)
+    if name == "GemmaBackbone":
+        backbone = keras_hub.models.GemmaBackbone(
+            **tiny, num_query_heads=2, num_key_value_heads=1, head_dim=16
+        )
+    else:
+        backbone = getattr(keras_hub.models, name)(
+            **tiny, num_heads=2, max_sequence_length=real_models.SEQUENCE
+        )
+    return _text_model(backbone)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        "EfficientNetB0",
+        "DenseNet121",
+        "ConvNeXtTiny",
+        "MobileNetV3Small",
+        "DistilBertBackbone",
+        "RobertaBackbone",
+        "OPTBackbone",
+        "GemmaBackbone",
+    ],
+)
+def test_other_models_of_the_same_families_wrap_with_every_weight_and_output_equal(name):
+    """Wrapped, each copies every weight bit for bit and computes outputs equal to
+    the original's (exactly: the boundaries are identities forward)."""
+    keras.utils.set_random_seed(0)
+    model = _other_family(name)
+    wrapped = keras_als.wrap_model(model)
+    assert len(wrapped.weights) == len(model.weights)
+    for original, copy in zip(model.weights, wrapped.weights):
+        np.testing.assert_array_equal(np.asarray(copy), np.asarray(original))
+    if isinstance(model.input, dict):
+        rng = np.random.default_rng(0)
+        x = {key: np.ones((2, real_models.SEQUENCE), "int32") for key in model.input}
+        x["token_ids"] = rng.integers(1, 128, size=(2, real_models.SEQUENCE)).astype("int32")
+    else:
+        x = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(_outputs(wrapped, x), _outputs(model, x))

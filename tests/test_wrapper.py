@@ -145,6 +145,38 @@ def test_wrapping_twice_wraps_nothing_more():
         keras_als.AdaptiveScaled(twice.layers[0])
 
 
+def test_a_layer_after_keras_ops_arithmetic_with_a_number_wraps_and_trains():
+    """`x * 0.5` on a symbolic tensor gives one Keras marks sparse (MobileNetV3's
+    hard-sigmoid, Gemma's embedding scale); the plain Conv2D never traces its call
+    there (it has its own output shape), and neither may the wrapped one."""
+    inputs = keras.Input((6, 6, 3))
+    hidden = layers.Conv2D(4, 3, padding="same", name="first")(inputs)
+    scaled = hidden * 0.5
+    assert scaled.sparse  # the Keras behaviour this guards against
+    outputs = layers.Conv2D(2, 1, name="second")(scaled)
+    model = keras.Model(inputs, outputs)
+    wrapped = keras_als.wrap_model(model)
+    assert [len(w.weights) for w in wrapped.layers[1:] if w.weights] == [2, 2]
+    x = np.random.default_rng(0).normal(size=(2, 6, 6, 3)).astype("float32")
+    np.testing.assert_array_equal(wrapped.predict(x, verbose=0), model.predict(x, verbose=0))
+    wrapped.compile(
+        optimizer=keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.01)), loss="mse"
+    )
+    wrapped.fit(x, np.zeros((2, 6, 6, 2)), epochs=1, verbose=0)
+    assert sorted(wrapped.optimizer.layer_scales()) == ["first", "loss", "second"]
+
+
+def test_a_layer_that_cannot_be_copied_from_its_config_gets_an_error_naming_it():
+    class Broken(layers.Dense):
+        def get_config(self):
+            raise AttributeError("no attribute 'forgotten'")
+
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, Broken(2, name="broken")(inputs))
+    with pytest.raises(ValueError, match="layer 'broken' \\(Broken\\) cannot be copied"):
+        keras_als.wrap_model(model)
+
+
 def test_subclassed_model_is_refused_with_the_way_to_do_it_by_hand():
     class Subclassed(keras.Model):
         def __init__(self):
