@@ -100,6 +100,13 @@ class AdaptiveScaled(keras.layers.Wrapper):
     def build(self, *args, **kwargs):
         # The wrapped layer builds itself on its first call, with its own signature.
         self.built = True
+        self._declare_weights()
+
+    def _declare_weights(self):
+        """Declares the wrapped layer's trainable weights as this wrapper's (see
+        `owner_of`), once they exist: on every build, output spec and call."""
+        for variable in self.layer.trainable_weights:
+            setattr(variable, _OWNER, weakref.ref(self))
 
     def call(self, *args, **kwargs):
         flat = keras.tree.flatten((args, kwargs))
@@ -117,8 +124,7 @@ class AdaptiveScaled(keras.layers.Wrapper):
             args, kwargs = keras.tree.pack_sequence_as((args, kwargs), flat)
         _forward_state.snapshot(self.layer.non_trainable_variables)
         outputs = self.layer(*args, **kwargs)
-        for variable in self.layer.trainable_weights:  # built now: declare them ours
-            setattr(variable, _OWNER, weakref.ref(self))
+        self._declare_weights()
         if self.scale_outputs:
             outputs = self._cross_outputs(outputs)
         return outputs
@@ -150,6 +156,7 @@ class AdaptiveScaled(keras.layers.Wrapper):
         if not self.layer.built:
             dense_args, dense_kwargs = keras.tree.map_structure(_dense_spec, (args, kwargs))
             super().compute_output_spec(*dense_args, **dense_kwargs)
+        self._declare_weights()
         spec = self.layer.compute_output_spec(*args, **kwargs)
         if not self.scale_outputs:
             return spec
