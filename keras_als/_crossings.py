@@ -9,7 +9,9 @@ one branch for all, after backprop, keeps every crossing gradient alive until
 then. `Crossings` takes the middle way:
 gradients wait as they arrive, and the waiting ones are reduced together in
 one branch as soon as they hold `WAITING_BYTES` or more, which bounds the
-memory they keep alive; `finish` reduces the last ones.
+memory they keep alive; `finish` reduces the last ones. XLA removes these
+branches (seen in the optimized HLO of a KerasHub BERT step), so under XLA the
+reductions run on every step; their values are read only on measuring steps.
 """
 
 from __future__ import annotations
