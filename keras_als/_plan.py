@@ -239,31 +239,26 @@ def make_plan(
         if label is not None:
             component_of[id(external)] = component(label)
 
-    # Slots: the loss's, then each wrapped layer's where its weights lie.
+    def placed(owner) -> list[int]:
+        """The components `owner`'s weights lie in."""
+        handles = [id(w.handle) for w in owner.trainable_weights]
+        return [component_of[h] for h in handles if h in component_of]
+
+    # Entries: the loss's, then each wrapped layer's where its weights lie.
     components[loss_component].hold(0, "loss")
     for b, _, _ in reached:
         entry = entry_of.get(id(b.owner))
         if entry is None:
             continue
-        placed = [
-            component_of[id(w.handle)]
-            for w in b.owner.trainable_weights
-            if id(w.handle) in component_of
-        ]
-        components[placed[0] if placed else sides[id(b)][1]].hold(entry, b.owner.layer.name)
+        lies_in = placed(b.owner)
+        components[lies_in[0] if lies_in else sides[id(b)][1]].hold(entry, b.owner.layer.name)
     # Wrapped layers with no boundary here (an Embedding of token ids) hold the
     # component their weights lie in, so that their reported scale is true.
     reached_owners = {id(b.owner) for b, _, _ in reached}
     for owner in owners:
-        entry = entry_of[id(owner)]
-        placed = [
-            component_of[id(w.handle)]
-            for w in owner.trainable_weights
-            if id(w.handle) in component_of
-        ]
-        if id(owner) in reached_owners or entry is None or not placed:
-            continue
-        components[placed[0]].hold(entry, owner.layer.name)
+        lies_in = placed(owner)
+        if id(owner) not in reached_owners and lies_in:
+            components[lies_in[0]].hold(entry_of[id(owner)], owner.layer.name)
     # Components with no wrapped weights take the scale their gradient arrives with.
     changed = True
     while changed:

@@ -25,8 +25,9 @@ _OWNER = "_keras_als_owner"
 def owner_of(variable) -> AdaptiveScaled | None:
     """The `AdaptiveScaled` wrapper whose layer holds `variable`, or None.
 
-    A wrapper declares its layer's trainable weights when it is called; the
-    optimizer reads the declaration to give each wrapped layer a scale.
+    A wrapper declares its layer's trainable weights once they exist (when it
+    is built, computes its output spec or is called); the optimizer reads the
+    declaration to give each wrapped layer a scale.
 
     Example:
 
