@@ -173,14 +173,19 @@ def step_times(name: str, rounds: int = 100, seed: int = 0) -> dict:
         for _ in range(3):  # compile and warm up
             model.train_on_batch(x, y)
         built[method] = model
-    times = {"keras": [], "keras_als": []}
-    for _ in range(rounds):
-        for method in ("keras", "keras_als"):
-            start = time.perf_counter()
-            built[method].train_on_batch(x, y)
-            times[method].append(time.perf_counter() - start)
-    median = {m: statistics.median(t) for m, t in times.items()}
+    median = _interleaved_medians(built, x, y, rounds)
     return {"step_ratio": median["keras_als"] / median["keras"], "step_seconds": median}
+
+
+def _interleaved_medians(models: dict, x, y, rounds: int) -> dict:
+    """Median seconds per training step of each (compiled) model, steps interleaved."""
+    times = {key: [] for key in models}
+    for _ in range(rounds):
+        for key, model in models.items():
+            start = time.perf_counter()
+            model.train_on_batch(x, y)
+            times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(t) for key, t in times.items()}
 
 
 ABLATIONS = ("keras", "keras_als", "measuring_never", "no_boundary_reductions")
@@ -224,13 +229,8 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0) -> dict:
         finally:
             _crossings.Crossings = original
         built[variant] = model
-    times = {variant: [] for variant in ABLATIONS}
-    for _ in range(rounds):
-        for variant, model in built.items():
-            start = time.perf_counter()
-            model.train_on_batch(x, y)
-            times[variant].append(time.perf_counter() - start)
-    return {variant: 1e3 * statistics.median(t) for variant, t in times.items()}
+    median = _interleaved_medians(built, x, y, rounds)
+    return {variant: 1e3 * seconds for variant, seconds in median.items()}
 
 
 def compile_times(name: str, repeats: int = 3) -> dict:
