@@ -91,3 +91,22 @@ def test_gradients_from_a_nested_graph_are_not_part_of_the_plan():
         return len(crossings.reduced)
 
     assert int(step()) == 0
+
+
+def test_under_xla_the_reductions_stay_in_a_branch_that_steps_not_measuring_skip():
+    # XLA turns a branch of elementwise operations and reductions alone into a
+    # select of both branches, which runs the reductions on every step.
+    boundary = object()
+
+    @tf.function(jit_compile=True)
+    def step(gradient, measuring):
+        crossings = _crossings.Crossings(tf.compat.v1.get_default_graph(), measuring, False)
+        crossings.arrived(boundary, [tf.tanh(gradient) * 2.0])
+        crossings.finish()
+        return crossings.reduced[id(boundary)].amax
+
+    gradient = tf.constant(np.linspace(-2, 2, 64, dtype="float32").reshape(8, 8))
+    hlo = step.experimental_get_compiler_ir(gradient, tf.constant(True))(stage="optimized_hlo")
+    assert hlo.count(" conditional(") == 1
+    assert float(step(gradient, tf.constant(False))) == 0.0
+    assert float(step(gradient, tf.constant(True))) == pytest.approx(2 * np.tanh(2.0), rel=1e-6)
