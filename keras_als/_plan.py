@@ -71,9 +71,10 @@ class Plan:
     loss_finite: tf.Tensor  # bool: the loss (forward pass) was finite
     measuring: tf.Tensor | None = None  # bool: this step measures; None: every step does
     crossings: _crossings.Crossings | None = None  # reductions of the boundaries' gradients
+    each_scale: tuple[tf.Tensor, ...] = ()  # `scales` as scalars (one op, not one per read)
 
     def scale_of(self, variable) -> tf.Tensor:
-        return self.scales[self.index_of(variable)]
+        return self.each_scale[self.index_of(variable)]
 
     def index_of(self, variable) -> int:
         return self.component_of.get(id(variable.handle), self.loss_component)
@@ -212,16 +213,14 @@ def make_plan(
     """
     graph = loss.graph
     sets, label_of_op, reached = _walk(loss, list(boundaries))
-    entry_of = {id(owner): 1 + i for i, owner in enumerate(owners)}
-
     roots: dict[int, int] = {}
-    components: list[_Draft] = []
+    drafts: list[_Draft] = []
 
     def component(label: int) -> int:
         root = sets.find(label)
         if root not in roots:
-            roots[root] = len(components)
-            components.append(_Draft())
+            roots[root] = len(drafts)
+            drafts.append(_Draft())
         return roots[root]
 
     loss_component = component(0)
@@ -229,9 +228,8 @@ def make_plan(
     for b, input_label, output_label in reached:
         a, o = component(input_label), component(output_label)
         sides[id(b)] = (a, o)
-        components[a].feeding.append(b)
-        components[o].inside.append(b)
-
+        drafts[a].feeding.append(b)
+        drafts[o].inside.append(b)
     # Variables, by their captured handle: id(handle) -> component.
     component_of = {}
     for external, internal in getattr(graph, "captures", ()):
@@ -239,66 +237,11 @@ def make_plan(
         if label is not None:
             component_of[id(external)] = component(label)
 
-    def placed(owner) -> list[int]:
-        """The components `owner`'s weights lie in."""
-        handles = [id(w.handle) for w in owner.trainable_weights]
-        return [component_of[h] for h in handles if h in component_of]
-
-    # Entries: the loss's, then each wrapped layer's where its weights lie.
-    components[loss_component].hold(0, "loss")
-    for b, _, _ in reached:
-        entry = entry_of.get(id(b.owner))
-        if entry is None:
-            continue
-        lies_in = placed(b.owner)
-        components[lies_in[0] if lies_in else sides[id(b)][1]].hold(entry, b.owner.layer.name)
-    # Wrapped layers with no boundary here (an Embedding of token ids) hold the
-    # component their weights lie in, so that their reported scale is true.
-    reached_owners = {id(b.owner) for b, _, _ in reached}
-    for owner in owners:
-        lies_in = placed(owner)
-        if id(owner) not in reached_owners and lies_in:
-            components[lies_in[0]].hold(entry_of[id(owner)], owner.layer.name)
-    # Components with no wrapped weights take the scale their gradient arrives with.
-    changed = True
-    while changed:
-        changed = False
-        for c in components:
-            if c.entry is None:
-                for b in c.feeding:
-                    source = components[sides[id(b)][1]]
-                    if source.entry is not None:
-                        c.entry, c.name, changed = source.entry, source.name, True
-                        break
-    for c in components:
-        if c.entry is None:
-            c.entry, c.name = 0, "loss"
-
-    # Components held by one entry share its scale: merge them.
-    merged: list[_Draft] = []
-    index_of_entry: dict[int, int] = {}
-    final = []
-    for c in components:
-        if c.entry not in index_of_entry:
-            index_of_entry[c.entry] = len(merged)
-            merged.append(_Draft(c.entry, c.name))
-        group = merged[index_of_entry[c.entry]]
-        group.aliases += [a for a in c.aliases if a not in group.aliases]
-        group.inside += c.inside
-        group.feeding += c.feeding
-        final.append(index_of_entry[c.entry])
+    drafts[loss_component].hold(0, "loss")
+    _hold_entries(drafts, [b for b, _, _ in reached], sides, owners, component_of)
+    merged, final = _merge_by_entry(drafts)
     sides = {k: (final[a], final[o]) for k, (a, o) in sides.items()}
-    component_of = {k: final[c] for k, c in component_of.items()}
-
     scales = tf.gather(scale_vector, [c.entry for c in merged])
-    # Every boundary's ratio from one vector op: one small kernel, not one per boundary.
-    crossing = [(b, *sides[id(b)]) for b, _, _ in reached if sides[id(b)][0] != sides[id(b)][1]]
-    ratios = {}
-    if crossing:
-        values = tf.gather(scales, [a for _, a, _ in crossing]) / tf.gather(
-            scales, [o for _, _, o in crossing]
-        )
-        ratios = {id(b): values[k] for k, (b, _, _) in enumerate(crossing)}
     frozen = tuple(
         Component(c.entry, c.name, tuple(c.aliases), tuple(c.inside), tuple(c.feeding))
         for c in merged
@@ -308,12 +251,86 @@ def make_plan(
         frozen,
         scales,
         scale_vector,
-        types.MappingProxyType(component_of),
+        types.MappingProxyType({k: final[c] for k, c in component_of.items()}),
         types.MappingProxyType(sides),
-        types.MappingProxyType(ratios),
+        types.MappingProxyType(_ratios(scales, [b for b, _, _ in reached], sides)),
         final[loss_component],
         built,
         loss_finite=tf.reduce_all(tf.math.is_finite(loss)),
         measuring=measuring if built else None,
         crossings=_crossings.Crossings(graph, measuring, count_zeros) if built else None,
+        each_scale=tuple(tf.unstack(scales)),
     )
+
+
+def _hold_entries(drafts: list[_Draft], reached: list, sides: dict, owners, component_of):
+    """Gives every draft component its entry (and aliases) in the scale vector.
+
+    A wrapped layer's entry goes to the component its weights lie in (else
+    the one its boundary opens); a wrapped layer with no boundary in this step
+    (an Embedding of token ids) still names the component its weights lie in,
+    so that its reported scale is true. A component with no wrapped weights
+    takes the scale its gradient arrives with; one that gets none, the loss's.
+    """
+    entry_of = {id(owner): 1 + i for i, owner in enumerate(owners)}
+
+    def placed(owner) -> list[int]:
+        """The components `owner`'s weights lie in."""
+        handles = [id(w.handle) for w in owner.trainable_weights]
+        return [component_of[h] for h in handles if h in component_of]
+
+    for b in reached:
+        entry = entry_of.get(id(b.owner))
+        if entry is not None:
+            lies_in = placed(b.owner)
+            drafts[lies_in[0] if lies_in else sides[id(b)][1]].hold(entry, b.owner.layer.name)
+    reached_owners = {id(b.owner) for b in reached}
+    for owner in owners:
+        lies_in = placed(owner)
+        if id(owner) not in reached_owners and lies_in:
+            drafts[lies_in[0]].hold(entry_of[id(owner)], owner.layer.name)
+    changed = True
+    while changed:
+        changed = False
+        for c in drafts:
+            if c.entry is None:
+                for b in c.feeding:
+                    source = drafts[sides[id(b)][1]]
+                    if source.entry is not None:
+                        c.entry, c.name, changed = source.entry, source.name, True
+                        break
+    for c in drafts:
+        if c.entry is None:
+            c.entry, c.name = 0, "loss"
+
+
+def _merge_by_entry(drafts: list[_Draft]) -> tuple[list[_Draft], list[int]]:
+    """Merges the draft components one entry holds (they share its scale).
+
+    Returns the merged components and, per draft, the index of its merged one.
+    """
+    merged: list[_Draft] = []
+    index_of_entry: dict[int, int] = {}
+    final = []
+    for c in drafts:
+        if c.entry not in index_of_entry:
+            index_of_entry[c.entry] = len(merged)
+            merged.append(_Draft(c.entry, c.name))
+        group = merged[index_of_entry[c.entry]]
+        group.aliases += [a for a in c.aliases if a not in group.aliases]
+        group.inside += c.inside
+        group.feeding += c.feeding
+        final.append(index_of_entry[c.entry])
+    return merged, final
+
+
+def _ratios(scales: tf.Tensor, reached: list, sides: dict) -> dict:
+    """Every boundary's ratio (its input side's scale over its output side's)
+    that joins two components, from one vector op rather than one per boundary."""
+    crossing = [(b, *sides[id(b)]) for b in reached if sides[id(b)][0] != sides[id(b)][1]]
+    if not crossing:
+        return {}
+    values = tf.gather(scales, [a for _, a, _ in crossing]) / tf.gather(
+        scales, [o for _, _, o in crossing]
+    )
+    return {id(b): value for (b, _, _), value in zip(crossing, tf.unstack(values))}

@@ -27,7 +27,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     crossed = plan.crossings.reduced
     amaxes, mean_squares, overflow, silent, flushed = [], [], [], [], []
     for i, component in enumerate(plan.components):
-        scale = plan.scales[i]
+        scale = plan.each_scale[i]
         seen = list(weight_amax[i])
         incoming_finite, incoming_amax, lost = [], [], []
         for b in component.inside:
@@ -37,7 +37,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
             other = plan.sides[id(b)][1]
             if id(b) in crossed and other != i:
                 arrived = crossed[id(b)].amax
-                post = arrived * (scale / plan.scales[other])  # at this component's scale
+                post = arrived * (scale / plan.each_scale[other])  # at this component's scale
                 limit = b.limit
                 seen.append(tf.where(post > limit, float("inf"), post))
                 incoming_finite.append(tf.math.is_finite(arrived))

@@ -11,11 +11,17 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from keras_als import _forward_state, _plan, _statistics, _step_record, _telemetry, policies
-from keras_als._keras_private import (
-    no_automatic_dependency_tracking,
-    strategy_supports_no_merge_call,
+from keras_als import (
+    _forward_state,
+    _plan,
+    _scale_state,
+    _skip,
+    _statistics,
+    _step_record,
+    _telemetry,
+    policies,
 )
+from keras_als._keras_private import no_automatic_dependency_tracking
 from keras_als._telemetry import SKIP_WINDOW
 from keras_als.wrapper import owner_of
 
@@ -217,7 +223,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         _plan.connect(plan)
         _step_record.add_plan(self, plan)
         self._planned_in = weakref.ref(plan.graph)
-        return tf.cast(loss, tf.float32) * plan.scales[plan.loss_component]
+        return tf.cast(loss, tf.float32) * plan.each_scale[plan.loss_component]
 
     def _current_plan(self):
         """The plan `scale_loss` made in the step traced now, or None."""
@@ -321,7 +327,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         measurement."""
         gradients = _group_and_unscale(plan, grads, variables, self)
         finite, reached = _check_finite(plan, gradients.weight_amax)
-        step = self._step_number()
+        step = _skip.step_number(self)
         self._apply_or_skip(plan, finite, reached, gradients.unscaled, variables, step)
         if not plan.built:
             return
@@ -330,20 +336,15 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if plan.measuring is not None:
             self._count_until_measuring(finite, unsettled)
 
-    def _step_number(self) -> tf.Tensor:
-        """This step's number (applied and skipped steps before it), as float32."""
-        skipped = tf.cast(self.skipped_steps, self.iterations.dtype)
-        return tf.cast(self.iterations + skipped, "float32")
-
     def _apply_or_skip(self, plan, finite, reached, unscaled, variables, step):
         """Applies the unscaled gradients if `finite`; else skips the step,
         changing no weight, inner optimizer slot or forward state, and learns from the overflow."""
 
         def learn():
-            self._learn_from_overflow(plan, reached, step)
+            _scale_state.learn_from_overflow(self, plan, reached, step)
 
-        self._apply_if_finite(
-            finite, unscaled, variables, step, on_skip=learn if plan.built else None
+        _skip.apply_if_finite(
+            self, finite, unscaled, variables, step, on_skip=learn if plan.built else None
         )
         _forward_state.restore_unless(finite)
 
@@ -357,8 +358,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             return _statistics.agree_across_replicas(statistics)
 
         def update(statistics):
-            new = self._choose_scales(plan, statistics, finite, step)
-            self._record_measurement(plan, statistics, gradients)
+            new = _scale_state.choose_scales(self, plan, statistics, finite, step)
+            _scale_state.record_measurement(self, plan, statistics, gradients)
             return _moved_far(plan.scales, new)
 
         if _statistics.several_replicas():
@@ -371,104 +372,12 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # Steps that do not measure keep every scale, at the cost of one branch.
         return tf.cond(measuring, lambda: update(measured()), lambda: tf.constant(False))
 
-    def _choose_scales(self, plan, statistics, finite, step) -> tf.Tensor:
-        """The policy's next scales, with the headroom left at `step`; assigns them."""
-        headroom = policies.headroom_at(
-            policies.Headroom(
-                self._per_component(plan, self.headroom),
-                self._per_component(plan, self.headroom_since),
-            ),
-            step,
-        )
-        new = policies.next_scale(self.policy, statistics, plan.scales, headroom)
-        if _statistics.several_replicas():  # this runs on skipped steps too
-            new = tf.where(finite, new, self._per_component(plan, self.scale_vector()))
-        self._assign_scales(plan, new)
-        return new
-
-    def _record_measurement(self, plan, statistics, gradients) -> None:
-        """Notes which scales now come from a measurement, and the underflow (telemetry)."""
-        informed = tf.logical_and(
-            tf.math.is_finite(statistics.amax), tf.logical_not(statistics.silent)
-        )
-        was = self._per_component(plan, self.measured)
-        self._write(plan, self.measured, tf.where(informed, tf.ones_like(was), was))
-        if self.estimate_underflow:
-            self._record_underflow(plan, statistics, gradients.weight_grads, gradients.float16)
-
     def _count_until_measuring(self, finite, unsettled) -> None:
         """Measures again on the next step after a skipped step or while scales
         move far (they are still settling); else in `measure_every_n_steps`."""
         counted = (self.steps_since_measured + 1) % self.measure_every_n_steps
         again = tf.logical_or(tf.logical_not(finite), unsettled)
         self.steps_since_measured.assign(tf.where(again, tf.zeros_like(counted), counted))
-
-    def _learn_from_overflow(self, plan, reached, step):
-        """On a skipped step: every component the overflow reached backs off; where
-        it started (reached, and nothing downstream was) the measured scales gain
-        headroom and the measured ones upstream rise to that level; telemetry
-        notes the origin."""
-        scales = policies.power_of_two_floor(
-            tf.where(reached, plan.scales * policies.BACKOFF, plan.scales)
-        )
-        self._assign_scales(plan, scales)
-        downstream = plan.downstream_matrix()
-        reached_below = tf.linalg.matvec(downstream, tf.cast(reached, tf.float32)) > 0
-        origin = tf.logical_and(reached, tf.logical_not(reached_below))
-        measured = self._per_component(plan, self.measured) > 0
-        headroom = policies.after_overflow(
-            policies.Headroom(
-                self._per_component(plan, self.headroom),
-                self._per_component(plan, self.headroom_since),
-            ),
-            reached=tf.logical_and(reached, measured),
-            origin=tf.logical_and(origin, measured),
-            step=step,
-            measured=measured,
-        )
-        self._write(plan, self.headroom, headroom.binades)
-        self._write(plan, self.headroom_since, headroom.since)
-        counts = self._per_component(plan, self.overflow_counts)
-        self._write(plan, self.overflow_counts, counts + tf.cast(origin, counts.dtype))
-        last = self._per_component(plan, self.last_overflow_step)
-        now = tf.fill(tf.shape(last), step)
-        self._write(plan, self.last_overflow_step, tf.where(origin, now, last))
-
-    def _per_component(self, plan, values) -> tf.Tensor:
-        """Each component's value in a vector with one entry per scale (its own entry's)."""
-        return tf.gather(tf.convert_to_tensor(values), [c.entry for c in plan.components])
-
-    def _write(self, plan, variable, per_component) -> None:
-        """Writes each component's value into every entry of `variable` it holds."""
-        entries, components = _entries_of(plan)
-        variable.assign(
-            tf.tensor_scatter_nd_update(
-                tf.convert_to_tensor(variable), entries, tf.gather(per_component, components)
-            )
-        )
-
-    def _assign_scales(self, plan, new):
-        """Writes the new scale of every component into each of its entries."""
-        entries, components = _entries_of(plan)
-        new = tf.gather(new, components)
-        updated = tf.tensor_scatter_nd_update(plan.scale_vector, entries, new)
-        self.dynamic_scale.assign(updated[0])
-        self._layer_scales.assign(updated[1:])
-
-    def _record_underflow(self, plan, statistics, weight_grads, float16):
-        """Writes the shares of float16 subnormals and of exact zeros, per component."""
-        subnormal, zero = _telemetry.underflow(
-            plan,
-            statistics,
-            weight_grads,
-            float16,
-            before=(
-                self._per_component(plan, self.underflow_rates),
-                self._per_component(plan, self.zero_rates),
-            ),
-        )
-        self._write(plan, self.underflow_rates, subnormal)
-        self._write(plan, self.zero_rates, zero)
 
     def telemetry(self) -> dict:
         """Per-layer numbers for monitoring, as plain Python values.
@@ -509,55 +418,6 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self._warned_stuck = True
             warnings.warn(telemetry["warning"], stacklevel=2)
         return telemetry
-
-    def _apply_if_finite(self, finite, grads, variables, step, on_skip=None):
-        """Applies `grads` with the inner optimizer if `finite`, else skips the step.
-
-        Either way it notes the step in the recent-skips window; a skipped
-        step also runs `on_skip`. The skip branch is not empty: XLA compiles
-        the cond into selects over the elementwise update, as for Keras's
-        LossScaleOptimizer, which runs faster on a CPU than a conditional.
-        """
-        where = [[tf.cast(step, "int32") % SKIP_WINDOW]]
-
-        def note(skipped):
-            window = self.recent_skips
-            window.assign(tf.tensor_scatter_nd_update(window, where, [skipped]))
-
-        def applied():
-            note(0)
-            self.skipped_in_a_row.assign(0)
-
-        def skip_step():
-            self.skipped_steps.assign_add(1)
-            self.skipped_in_a_row.assign_add(1)
-            note(1)
-            if on_skip is not None:
-                on_skip()
-
-        def apply_step():
-            self.inner_optimizer.apply(grads, trainable_variables=variables)
-            applied()
-
-        if strategy_supports_no_merge_call():
-            keras.ops.cond(finite, apply_step, skip_step)
-            return
-
-        # The inner optimizer all-reduces through merge_call, which a cond in
-        # replica context cannot contain: decide in cross-replica context.
-        def decide(distribution, finite, grads):
-            finite = distribution.experimental_local_results(finite)[0]
-
-            def apply_everywhere():
-                distribution.extended.call_for_each_replica(
-                    lambda g: self.inner_optimizer.apply(g, trainable_variables=variables),
-                    args=(grads,),
-                )
-                applied()
-
-            keras.ops.cond(finite, apply_everywhere, skip_step)
-
-        tf.distribute.get_replica_context().merge_call(decide, args=(finite, grads))
 
     def get_config(self):
         config = super().get_config()  # name, inner_optimizer, initial_scale, dynamic_growth_steps
@@ -647,7 +507,7 @@ def _group_and_unscale(plan, grads, variables, optimizer) -> _Gradients:
         i = plan.index_of(v)
         weight_grads[i].append(g)
         float16[i].append(_computed_in_float16(v))
-        unscaled.append(_divide(g, plan.scales[i]))
+        unscaled.append(_divide(g, plan.each_scale[i]))
     weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
     return _Gradients(weight_grads, float16, weight_amax, unscaled)
 
@@ -682,12 +542,6 @@ def _computed_in_float16(variable) -> bool:
     owner = owner_of(variable)
     dtype = owner.layer.compute_dtype if owner is not None else None
     return (dtype or keras.config.dtype_policy().compute_dtype) == "float16"
-
-
-def _entries_of(plan) -> tuple[list[list[int]], list[int]]:
-    """`([entry], component)` pairs: every entry of `plan`'s components, and whose it is."""
-    pairs = [([entry], i) for i, c in enumerate(plan.components) for entry in c.entries()]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def _moved_far(old: tf.Tensor, new: tf.Tensor) -> tf.Tensor:

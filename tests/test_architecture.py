@@ -47,6 +47,21 @@ def test_no_module_keeps_mutable_state_at_module_level():
     assert stores == []
 
 
+SCREENS = 80
+"""Lines in two screens: the longest a function may be, docstring included."""
+
+
+def test_every_function_of_the_package_fits_on_two_screens():
+    long = [
+        f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted(PACKAGE.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > SCREENS
+    ]
+    assert long == []
+
+
 def _imports(path: pathlib.Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):

@@ -1,0 +1,73 @@
+"""Applying a step's gradients, or skipping the step.
+
+A skipped step changes no weight and no slot of the inner optimizer; it
+counts in the optimizer's `skipped_steps`, `skipped_in_a_row` and
+`recent_skips` window (the telemetry) and runs `on_skip`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+from keras_als._keras_private import strategy_supports_no_merge_call
+from keras_als._telemetry import SKIP_WINDOW
+
+
+def step_number(optimizer) -> tf.Tensor:
+    """This step's number (applied and skipped steps before it), as float32."""
+    skipped = tf.cast(optimizer.skipped_steps, optimizer.iterations.dtype)
+    return tf.cast(optimizer.iterations + skipped, "float32")
+
+
+def apply_if_finite(
+    optimizer, finite, grads, variables, step, on_skip: Callable[[], None] | None = None
+) -> None:
+    """Applies `grads` with `optimizer.inner_optimizer` if `finite`, else skips the step.
+
+    The skip branch is not empty: XLA compiles the cond into selects over the
+    elementwise update, as for Keras's LossScaleOptimizer, which runs faster
+    on a CPU than a conditional.
+    """
+    where = [[tf.cast(step, "int32") % SKIP_WINDOW]]
+
+    def note(skipped):
+        window = optimizer.recent_skips
+        window.assign(tf.tensor_scatter_nd_update(window, where, [skipped]))
+
+    def applied():
+        note(0)
+        optimizer.skipped_in_a_row.assign(0)
+
+    def skip_step():
+        optimizer.skipped_steps.assign_add(1)
+        optimizer.skipped_in_a_row.assign_add(1)
+        note(1)
+        if on_skip is not None:
+            on_skip()
+
+    def apply_step():
+        optimizer.inner_optimizer.apply(grads, trainable_variables=variables)
+        applied()
+
+    if strategy_supports_no_merge_call():
+        keras.ops.cond(finite, apply_step, skip_step)
+        return
+
+    # The inner optimizer all-reduces through merge_call, which a cond in
+    # replica context cannot contain: decide in cross-replica context.
+    def decide(distribution, finite, grads):
+        finite = distribution.experimental_local_results(finite)[0]
+
+        def apply_everywhere():
+            distribution.extended.call_for_each_replica(
+                lambda g: optimizer.inner_optimizer.apply(g, trainable_variables=variables),
+                args=(grads,),
+            )
+            applied()
+
+        keras.ops.cond(finite, apply_everywhere, skip_step)
+
+    tf.distribute.get_replica_context().merge_call(decide, args=(finite, grads))
