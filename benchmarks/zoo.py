@@ -126,81 +126,31 @@ def cases() -> list[Case]:
     tokens = rng.integers(0, 64, size=(512, 16)).astype("int32")
     token_classes = (np.sum(tokens < 16, axis=1) * 4 // 17).astype("int64")
     ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return [
-        Case(
-            "deep_mlp",
-            lambda: mlp(8, 64, 32, 8, "relu"),
-            x_dense,
-            _teacher(x_dense, 8, 1),
-            keras.losses.MeanSquaredError(),
-            hard=False,
-            description="8 x Dense(64, relu) regression on a random teacher, MSE",
-        ),
-        Case(
-            "cnn_batchnorm",
-            digits_cnn,
-            x_digits,
-            y_digits,
-            ce,
-            hard=False,
-            description="Conv-BN-Conv-Dense on sklearn digits, cross-entropy",
-        ),
-        Case(
-            "residual_cnn",
-            residual_cnn,
-            x_digits,
-            y_digits,
-            ce,
-            hard=False,
-            description="2 residual blocks with BatchNorm on sklearn digits, cross-entropy",
-        ),
-        Case(
-            "transformer",
-            transformer_encoder,
-            tokens,
-            token_classes,
-            ce,
-            hard=False,
-            description="Embedding + MultiHeadAttention(4 heads) + LayerNorm encoder, "
-            "synthetic token-count classes",
-        ),
-        Case(
-            "deep_sigmoid",
-            lambda: mlp(16, 32, 16, 1, "sigmoid"),
-            x_sig,
-            _teacher(x_sig, 1, 2),
-            keras.losses.MeanSquaredError(),
-            hard=True,
-            description="HARD: 16 x Dense(32, sigmoid), vanishing gradients, MSE",
-        ),
-        Case(
-            "sum_loss",
-            lambda: mlp(12, 64, 32, 16, "sigmoid"),
-            x_dense,
-            _teacher(x_dense, 16, 3),
-            keras.losses.MeanSquaredError(reduction="sum"),
-            hard=True,
-            batch=256,
-            description="HARD: 12 x Dense(64, sigmoid), loss summed over batch 256 x 16 outputs",
-        ),
-        Case(
-            "large_targets",
-            lambda: mlp(12, 64, 32, 1, "sigmoid"),
-            x_dense,
-            3000.0 * _teacher(x_dense, 1, 4) + 5000.0,
-            keras.losses.MeanSquaredError(),
-            hard=True,
-            description="HARD: 12 x Dense(64, sigmoid) regression, targets ~5000 +- 3000, MSE",
-        ),
-        Case(
-            "late_small_loss",
-            lambda: mlp(10, 64, 32, 4, "sigmoid"),
-            x_dense,
-            0.01 * _teacher(x_dense, 4, 5),
-            keras.losses.MeanSquaredError(),
-            hard=True,
-            train_steps=3.0,
-            description="HARD: 10 x Dense(64, sigmoid) fitted to a small teacher (targets "
-            "~0.01), trained 3x longer: late training with a small loss",
-        ),
+    mse = keras.losses.MeanSquaredError
+    # fmt: off
+    rows = [  # name, model, inputs, targets, loss, hard, description[, other settings]
+        ("deep_mlp", lambda: mlp(8, 64, 32, 8, "relu"), x_dense, _teacher(x_dense, 8, 1), mse(),
+         False, "8 x Dense(64, relu) regression on a random teacher, MSE"),
+        ("cnn_batchnorm", digits_cnn, x_digits, y_digits, ce,
+         False, "Conv-BN-Conv-Dense on sklearn digits, cross-entropy"),
+        ("residual_cnn", residual_cnn, x_digits, y_digits, ce,
+         False, "2 residual blocks with BatchNorm on sklearn digits, cross-entropy"),
+        ("transformer", transformer_encoder, tokens, token_classes, ce,
+         False, "Embedding + MultiHeadAttention(4 heads) + LayerNorm encoder, "
+         "synthetic token-count classes"),
+        ("deep_sigmoid", lambda: mlp(16, 32, 16, 1, "sigmoid"), x_sig, _teacher(x_sig, 1, 2), mse(),
+         True, "HARD: 16 x Dense(32, sigmoid), vanishing gradients, MSE"),
+        ("sum_loss", lambda: mlp(12, 64, 32, 16, "sigmoid"), x_dense, _teacher(x_dense, 16, 3),
+         mse(reduction="sum"),
+         True, "HARD: 12 x Dense(64, sigmoid), loss summed over batch 256 x 16 outputs",
+         {"batch": 256}),
+        ("large_targets", lambda: mlp(12, 64, 32, 1, "sigmoid"), x_dense,
+         3000.0 * _teacher(x_dense, 1, 4) + 5000.0, mse(),
+         True, "HARD: 12 x Dense(64, sigmoid) regression, targets ~5000 +- 3000, MSE"),
+        ("late_small_loss", lambda: mlp(10, 64, 32, 4, "sigmoid"), x_dense,
+         0.01 * _teacher(x_dense, 4, 5), mse(),
+         True, "HARD: 10 x Dense(64, sigmoid) fitted to a small teacher (targets "
+         "~0.01), trained 3x longer: late training with a small loss", {"train_steps": 3.0}),
     ]
+    # fmt: on
+    return [Case(*row[:6], description=row[6], **(row[7] if len(row) > 7 else {})) for row in rows]
