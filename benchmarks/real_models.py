@@ -6,14 +6,15 @@ backbones built from their constructors (no download), each under a small head
 with float32 outputs. The test suite (`tests/test_real_models.py`) and the
 benchmark's real-model section build them from here.
 
-`python -m benchmarks.real_models [--steps N] [--models a,b] [--parts skips,cost,breakdown]`
+`python -m benchmarks.real_models [--steps N] [--models a,b] [--parts skips,cost,breakdown,graph]`
 trains each model under mixed_float16 with XLA, with Keras's
 `LossScaleOptimizer` and with keras_als on the same weights and batches, and
 prints the skipped steps (in the first 50 steps and in the rest), and the cost
 of keras_als over Keras's: step time (median of interleaved steps), compile
 time (first step in fresh processes, with and without XLA) and XLA step memory
 (fresh processes, see `benchmarks.memory`); `breakdown` times ablations that
-show what the step time is spent on (`step_breakdown`). It writes
+show what the step time is spent on (`step_breakdown`); `graph` counts the
+operations of each method's traced step (`graph_ops`). It writes
 benchmarks/results/real_models.json and .md; a run of one part keeps the
 other's results.
 
@@ -233,6 +234,38 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0) -> dict:
     return {variant: 1e3 * seconds for variant, seconds in median.items()}
 
 
+def graph_ops(name: str) -> dict:
+    """Operations in each method's traced training step, those of the functions it
+    calls (branches) included: what tracing builds and XLA compiles.
+
+    The step is a custom one, as `model.fit` runs it (forward pass, `scale_loss`,
+    gradient, `apply`), traced once with the optimizer already built.
+    """
+    x, y = data(name, 1)
+    counts = {}
+    for method in ("keras", "keras_als"):
+        keras.utils.clear_session()
+        model, optimizer = build(name, method)
+        optimizer.build(model.trainable_variables)
+        counts[method] = _operations_of_step(model, optimizer, x, y)
+    return counts
+
+
+def _operations_of_step(model, optimizer, x, y) -> int:
+    """Operations of one traced training step of `model` and `optimizer`, branches included."""
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+
+    graph = step.get_concrete_function(x, y).graph.as_graph_def()
+    return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
+
+
 def compile_times(name: str, repeats: int = 3) -> dict:
     """First-step time of both methods, each in a fresh process, alternating.
 
@@ -359,6 +392,19 @@ def markdown(results: dict) -> str:
             base = ms["keras"]
             cells = [f"{ms[v]:.2f} ({ms[v] / base:.2f}x)" for v in ABLATIONS]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    counted = {n: r["graph_ops"] for n, r in models.items() if "graph_ops" in r}
+    if counted:
+        lines += [
+            "",
+            "Operations in the traced training step, branches included (`--parts graph`), "
+            "what tracing builds and XLA compiles:",
+            "",
+            "| model | Keras | keras_als |",
+            "| --- | --- | --- |",
+        ]
+        for name, ops in counted.items():
+            ratio = ops["keras_als"] / ops["keras"]
+            lines.append(f"| {name} | {ops['keras']} | {ops['keras_als']} ({ratio:.2f}x) |")
     return "\n".join(lines) + "\n"
 
 
@@ -369,7 +415,8 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--parts",
         default="skips,cost",
-        help="skips (skipped steps), cost (time, memory), breakdown (step-time ablation)",
+        help="skips (skipped steps), cost (time, memory), breakdown (step-time ablation), "
+        "graph (operations in the traced step)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per compile")
     parser.add_argument("--out", default="benchmarks/results/real_models")
@@ -426,6 +473,14 @@ def main(argv=None) -> None:
             print(
                 f"{name:14s} step ms: "
                 + ", ".join(f"{k} {v:.2f}" for k, v in row["breakdown_ms"].items()),
+                flush=True,
+            )
+        if "graph" in parts:
+            row["graph_ops"] = graph_ops(name)
+            ops = row["graph_ops"]
+            print(
+                f"{name:14s} operations in the traced step: keras {ops['keras']}, keras_als "
+                f"{ops['keras_als']} ({ops['keras_als'] / ops['keras']:.2f}x)",
                 flush=True,
             )
         missed = [k for k, ok in verdicts(row).items() if not ok]
