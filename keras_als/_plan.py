@@ -71,7 +71,11 @@ class Plan:
     loss_finite: tf.Tensor  # bool: the loss (forward pass) was finite
     measuring: tf.Tensor | None = None  # bool: this step measures; None: every step does
     crossings: _crossings.Crossings | None = None  # reductions of the boundaries' gradients
-    each_scale: tuple[tf.Tensor, ...] = ()  # `scales` as scalars (one op, not one per read)
+    each_scale: tuple[tf.Tensor, ...] = dataclasses.field(init=False)  # `scales` as scalars
+
+    def __post_init__(self):
+        # Unstacked once, so that reading a component's scale is not one slice per read.
+        object.__setattr__(self, "each_scale", tuple(tf.unstack(self.scales)))
 
     def scale_of(self, variable) -> tf.Tensor:
         return self.each_scale[self.index_of(variable)]
@@ -259,7 +263,6 @@ def make_plan(
         loss_finite=tf.reduce_all(tf.math.is_finite(loss)),
         measuring=measuring if built else None,
         crossings=_crossings.Crossings(graph, measuring, count_zeros) if built else None,
-        each_scale=tuple(tf.unstack(scales)),
     )
 
 
