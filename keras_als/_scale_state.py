@@ -1,7 +1,7 @@
 """The optimizer's state per scale, and what a step writes into it.
 
-`AdaptiveLossScaleOptimizer.build` declares one vector variable per kind of
-state, with one entry per scale: the loss's (entry 0), then each wrapped
+`declare` (called by `AdaptiveLossScaleOptimizer.build`) makes one vector
+variable per kind of state, with one entry per scale: the loss's (entry 0), then each wrapped
 layer's. A plan's scale *components* each hold one or more entries (layers
 whose weights are tied share a component). These functions read the state
 per component and write each component's new value into all of its entries:
@@ -18,9 +18,52 @@ per component and write each component's new value into all of its entries:
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 from keras_als import _statistics, _telemetry, policies
+from keras_als._telemetry import SKIP_WINDOW
+
+
+def declare(state, layers: int) -> None:
+    """Makes the optimizer's variables, for the loss's scale and `layers` wrapped layers.
+
+    Every replica computes the same new values (from all-reduced statistics),
+    so each is written in replica context and kept from the first replica.
+    """
+
+    def variable(name, dtype="float32", initial=state.initial_scale, shape=()):
+        return state.add_variable(
+            shape=shape,
+            dtype=dtype,
+            initializer=keras.initializers.Constant(initial),
+            aggregation="only_first_replica",
+            name=name,
+        )
+
+    entries = (layers + 1,)  # the loss's, then each layer's
+    # One vector for every layer's scale: one variable costs the compiled
+    # step less than one per layer.
+    state._layer_scales = variable("layer_scales", shape=(layers,))
+    state.skipped_steps = variable("skipped_steps", "int", 0)
+    # What overflows taught each scale (policies.Headroom), and whether it
+    # was ever chosen from a measurement (1) or is still the first guess (0).
+    state.headroom = variable("headroom", "float32", 0.0, shape=entries)
+    state.headroom_since = variable("headroom_since", "float32", 0.0, shape=entries)
+    state.measured = variable("measured", "int", 0, shape=entries)
+    # Telemetry: where overflows started and when; the recent skips.
+    state.overflow_counts = variable("overflow_counts", "int", 0, shape=entries)
+    state.last_overflow_step = variable("last_overflow_step", "float32", -1.0, shape=entries)
+    state.underflow_rates = variable("underflow_rates", "float32", 0.0, shape=entries)
+    state.zero_rates = variable("zero_rates", "float32", 0.0, shape=entries)
+    state.recent_skips = variable("recent_skips", "int", 0, shape=(SKIP_WINDOW,))
+    state.skipped_in_a_row = variable("skipped_in_a_row", "int", 0)
+    # Finite steps since the boundaries last measured.
+    state.steps_since_measured = variable("steps_since_measured", "int", 0)
+    # LossScaleOptimizer's own state, with the aggregation above: the loss's
+    # scale, and the growth counter of the one dynamic scale of an eager step.
+    state.step_counter = variable("step_counter", "int", 0)
+    state.dynamic_scale = variable("dynamic_scale")
 
 
 def per_component(plan, values) -> tf.Tensor:

@@ -6,23 +6,12 @@ import math
 import numbers
 import warnings
 import weakref
-from typing import NamedTuple
 
 import keras
 import tensorflow as tf
 
-from keras_als import (
-    _forward_state,
-    _plan,
-    _scale_state,
-    _skip,
-    _statistics,
-    _step_record,
-    _telemetry,
-    policies,
-)
+from keras_als import _apply_phases, _plan, _scale_state, _step_record, _telemetry, policies
 from keras_als._keras_private import no_automatic_dependency_tracking
-from keras_als._telemetry import SKIP_WINDOW
 from keras_als.wrapper import owner_of
 
 
@@ -98,16 +87,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         warn_after_skipped_steps: int = 20,
         **kwargs,
     ):
-        if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
-            raise TypeError(
-                "AdaptiveLossScaleOptimizer wraps a keras.optimizers.Optimizer, e.g. "
-                f"AdaptiveLossScaleOptimizer(keras.optimizers.Adam()); got {inner_optimizer!r}."
-            )
-        if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
-            raise ValueError(
-                "The inner optimizer is already a LossScaleOptimizer: pass the optimizer "
-                "inside it instead (its .inner_optimizer)."
-            )
+        _check_inner(inner_optimizer)
         resolved = policies.get(policy)
         initial_scale = _power_of_two_at_most(initial_scale)
         _check_count("measure_every_n_steps", measure_every_n_steps, " (1 measures every step)")
@@ -136,40 +116,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._scale_owners = owners
         self._scale_names = [o.layer.name for o in owners]
 
-        # Every replica computes the same new values (from all-reduced statistics),
-        # so each scale is written in replica context and kept from the first.
-        def state(name, dtype="float32", initial=self.initial_scale, shape=()):
-            return self.add_variable(
-                shape=shape,
-                dtype=dtype,
-                initializer=keras.initializers.Constant(initial),
-                aggregation="only_first_replica",
-                name=name,
-            )
-
-        # One vector for every layer's scale: one variable costs the compiled
-        # step less than one per layer.
-        self._layer_scales = state("layer_scales", shape=(len(owners),))
-        self.skipped_steps = state("skipped_steps", "int", 0)
-        entries = len(self._scale_names) + 1  # the loss's, then each layer's
-        # What overflows taught each scale (policies.Headroom), and whether it
-        # was ever chosen from a measurement (1) or is still the first guess (0).
-        self.headroom = state("headroom", "float32", 0.0, shape=(entries,))
-        self.headroom_since = state("headroom_since", "float32", 0.0, shape=(entries,))
-        self.measured = state("measured", "int", 0, shape=(entries,))
-        # Telemetry: where overflows started and when; the recent skips.
-        self.overflow_counts = state("overflow_counts", "int", 0, shape=(entries,))
-        self.last_overflow_step = state("last_overflow_step", "float32", -1.0, shape=(entries,))
-        self.underflow_rates = state("underflow_rates", "float32", 0.0, shape=(entries,))
-        self.zero_rates = state("zero_rates", "float32", 0.0, shape=(entries,))
-        self.recent_skips = state("recent_skips", "int", 0, shape=(SKIP_WINDOW,))
-        self.skipped_in_a_row = state("skipped_in_a_row", "int", 0)
-        # Finite steps since the boundaries last measured.
-        self.steps_since_measured = state("steps_since_measured", "int", 0)
-        # LossScaleOptimizer's own state, with the aggregation above: the loss's
-        # scale, and the growth counter of the one dynamic scale of an eager step.
-        self.step_counter = state("step_counter", "int", 0)
-        self.dynamic_scale = state("dynamic_scale")
+        _scale_state.declare(self, len(owners))
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
 
@@ -280,14 +227,20 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         plan = self._current_plan()
         if plan is None:
             scale = self.dynamic_scale if self.built else self.initial_scale
-            return [None if g is None else _divide(g, scale) for g in grads]
+            return [None if g is None else _apply_phases.divide(g, scale) for g in grads]
         return [
-            None if g is None else _divide(g, plan.scale_of(v))
+            None if g is None else _apply_phases.divide(g, plan.scale_of(v))
             for g, v in zip(grads, trainable_variables)
         ]
 
     @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
+        """Unscales `grads` and applies them, or skips the step if one is not finite.
+
+        In a traced step after `scale_loss`, each gradient is divided by its
+        layer's scale, and the scales for the next steps are chosen here;
+        otherwise this is `keras.optimizers.LossScaleOptimizer.apply`.
+        """
         plan = self._current_plan()
         if plan is None and tf.inside_function() and self._planned_elsewhere():
             raise ValueError(
@@ -298,86 +251,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if plan is None:
             return super().apply(grads, trainable_variables)
         if not self.built:
-            context = tf.distribute.get_replica_context()
-            if context is not None and context.num_replicas_in_sync > 1:
-                raise ValueError(
-                    "Build the optimizer before the distributed training step: "
-                    "`with strategy.scope(): optimizer.build(model.trainable_variables)`."
-                )
-            if trainable_variables is None:
-                raise ValueError(
-                    "The first call to apply() needs the variables: "
-                    "optimizer.apply(grads, model.trainable_variables), or call "
-                    "optimizer.build(model.trainable_variables) first."
-                )
-            with keras.name_scope(self.name, caller=self):
-                self.build(trainable_variables)
-            self.built = True
+            _build_in_step(self, trainable_variables)
         variables = (
             list(trainable_variables)
             if trainable_variables is not None
             else self._trainable_variables
         )
-        self._apply_planned(plan, list(grads), variables)
-
-    def _apply_planned(self, plan, grads, variables):
-        """One step, in phases: group and unscale the gradients; check that they
-        are finite; apply them or skip the step (and learn from the overflow);
-        measure and choose the next scales; count the steps until the next
-        measurement."""
-        gradients = _group_and_unscale(plan, grads, variables, self)
-        finite, reached = _check_finite(plan, gradients.weight_amax)
-        step = _skip.step_number(self)
-        self._apply_or_skip(plan, finite, reached, gradients.unscaled, variables, step)
-        if not plan.built:
-            return
-        measuring = finite if plan.measuring is None else tf.logical_and(plan.measuring, finite)
-        unsettled = self._measure_and_choose(plan, gradients, measuring, finite, step)
-        if plan.measuring is not None:
-            self._count_until_measuring(finite, unsettled)
-
-    def _apply_or_skip(self, plan, finite, reached, unscaled, variables, step):
-        """Applies the unscaled gradients if `finite`; else skips the step,
-        changing no weight, inner optimizer slot or forward state, and learns from the overflow."""
-
-        def learn():
-            _scale_state.learn_from_overflow(self, plan, reached, step)
-
-        _skip.apply_if_finite(
-            self, finite, unscaled, variables, step, on_skip=learn if plan.built else None
-        )
-        _forward_state.restore_unless(finite)
-
-    def _measure_and_choose(self, plan, gradients, measuring, finite, step) -> tf.Tensor:
-        """Where `measuring`: measures this step's statistics, asks the policy for
-        the next scales and records what was measured. Returns whether a scale
-        moved far (it is still settling)."""
-
-        def measured():
-            statistics = _statistics.measure(plan, gradients.weight_amax, gradients.weight_grads)
-            return _statistics.agree_across_replicas(statistics)
-
-        def update(statistics):
-            new = _scale_state.choose_scales(self, plan, statistics, finite, step)
-            _scale_state.record_measurement(self, plan, statistics, gradients)
-            return _moved_far(plan.scales, new)
-
-        if _statistics.several_replicas():
-            # Replicas can neither gather nor assign inside a cond: only the
-            # reductions are conditional, the rest keeps every scale when not measuring.
-            statistics = _statistics.measure_if(
-                measuring, plan, gradients.weight_amax, gradients.weight_grads
-            )
-            return update(_statistics.agree_across_replicas(statistics))
-        # Steps that do not measure keep every scale, at the cost of one branch.
-        return tf.cond(measuring, lambda: update(measured()), lambda: tf.constant(False))
-
-    def _count_until_measuring(self, finite, unsettled) -> None:
-        """Measures again on the next step after a skipped step or while scales
-        move far (they are still settling); else in `measure_every_n_steps`."""
-        counted = (self.steps_since_measured + 1) % self.measure_every_n_steps
-        again = tf.logical_or(tf.logical_not(finite), unsettled)
-        self.steps_since_measured.assign(tf.where(again, tf.zeros_like(counted), counted))
+        _apply_phases.run(self, plan, list(grads), variables)
 
     def telemetry(self) -> dict:
         """Per-layer numbers for monitoring, as plain Python values.
@@ -438,6 +318,39 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return cls(inner, policy=policy, **config)
 
 
+def _build_in_step(optimizer, trainable_variables) -> None:
+    """Builds `optimizer` on its first `apply`, or says why it cannot."""
+    context = tf.distribute.get_replica_context()
+    if context is not None and context.num_replicas_in_sync > 1:
+        raise ValueError(
+            "Build the optimizer before the distributed training step: "
+            "`with strategy.scope(): optimizer.build(model.trainable_variables)`."
+        )
+    if trainable_variables is None:
+        raise ValueError(
+            "The first call to apply() needs the variables: "
+            "optimizer.apply(grads, model.trainable_variables), or call "
+            "optimizer.build(model.trainable_variables) first."
+        )
+    with keras.name_scope(optimizer.name, caller=optimizer):
+        optimizer.build(trainable_variables)
+    optimizer.built = True
+
+
+def _check_inner(inner_optimizer) -> None:
+    """Raises unless `inner_optimizer` is a Keras optimizer that does not scale the loss."""
+    if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "AdaptiveLossScaleOptimizer wraps a keras.optimizers.Optimizer, e.g. "
+            f"AdaptiveLossScaleOptimizer(keras.optimizers.Adam()); got {inner_optimizer!r}."
+        )
+    if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "The inner optimizer is already a LossScaleOptimizer: pass the optimizer "
+            "inside it instead (its .inner_optimizer)."
+        )
+
+
 def _check_count(name: str, value, hint: str = "") -> None:
     """Raises a ValueError unless `value` is a whole number >= 1 (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -472,89 +385,3 @@ def _power_of_two_at_most(initial_scale) -> float:
             stacklevel=3,
         )
     return scale
-
-
-SETTLING = 2.0**4
-"""A scale that moved by this factor or more is still settling: measure again."""
-
-
-def _not_finite(amaxes: list) -> tf.Tensor:
-    """True if any of a component's largest weight gradients is not finite."""
-    if not amaxes:
-        return tf.constant(False)
-    return tf.logical_not(tf.reduce_all(tf.math.is_finite(tf.stack(amaxes))))
-
-
-class _Gradients(NamedTuple):
-    """A step's gradients, grouped by scale component (see `_group_and_unscale`)."""
-
-    weight_grads: list  # per component, its weight gradients (at its scale)
-    float16: list  # per component, for each of them, whether computed in float16
-    weight_amax: list  # per component, each one's largest absolute value
-    unscaled: list  # every gradient divided by its component's scale, in variable order
-
-
-def _group_and_unscale(plan, grads, variables, optimizer) -> _Gradients:
-    """Phase 1: groups the gradients by component and divides each by its
-    component's scale."""
-    weight_grads = [[] for _ in plan.components]
-    float16 = [[] for _ in plan.components]
-    unscaled = []
-    for g, v in zip(grads, variables):
-        if g is None or optimizer._overwrite_variable_with_gradient(v):
-            unscaled.append(g)
-            continue
-        i = plan.index_of(v)
-        weight_grads[i].append(g)
-        float16[i].append(_computed_in_float16(v))
-        unscaled.append(_divide(g, plan.each_scale[i]))
-    weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
-    return _Gradients(weight_grads, float16, weight_amax, unscaled)
-
-
-def _check_finite(plan, weight_amax) -> tuple[tf.Tensor, tf.Tensor]:
-    """Phase 2: whether every gradient is finite on every replica, and which
-    components an overflow reached.
-
-    Non-finite weight gradients mark the components an overflow reached: where
-    it started and every component upstream of it. On measuring steps the
-    gradients entering each component's wrapped layers are reduced too (else
-    they read 0): a non-finite one counts. With a loss that is not finite, the
-    forward pass (the data) is to blame, not the scales: it reaches none.
-    """
-    crossed = {}
-    if plan.crossings is not None:
-        plan.crossings.finish()  # the boundaries' gradients that still wait
-        crossed = plan.crossings.reduced
-    not_finite = tf.stack(
-        [
-            _not_finite(group + [crossed[id(b)].amax for b in c.inside if id(b) in crossed])
-            for group, c in zip(weight_amax, plan.components)
-        ]
-    )
-    finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
-    reached = _statistics.reached_on_any_replica(tf.logical_and(not_finite, plan.loss_finite))
-    return finite, reached
-
-
-def _computed_in_float16(variable) -> bool:
-    """Whether the layer that owns `variable` computes in float16 (else the global policy)."""
-    owner = owner_of(variable)
-    dtype = owner.layer.compute_dtype if owner is not None else None
-    return (dtype or keras.config.dtype_policy().compute_dtype) == "float16"
-
-
-def _moved_far(old: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
-    """True if some scale changed by a factor of `SETTLING` or more."""
-    ratio = new / old
-    return tf.reduce_any(tf.logical_or(ratio >= SETTLING, ratio <= 1.0 / SETTLING))
-
-
-def _divide(gradient, scale):
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            _divide(gradient.values, scale), gradient.indices, gradient.dense_shape
-        )
-    if gradient.dtype == tf.float32:
-        return gradient / scale
-    return tf.cast(tf.cast(gradient, tf.float32) / scale, gradient.dtype)

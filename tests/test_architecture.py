@@ -62,6 +62,33 @@ def test_every_function_of_the_package_fits_on_two_screens():
     assert long == []
 
 
+def _code_lines(path: pathlib.Path, node: ast.AST) -> int:
+    """Lines of `node` that are code: not blank, not a comment, not a docstring."""
+    lines = path.read_text().splitlines()[node.lineno - 1 : node.end_lineno]
+    docstrings = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, (ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(inner):
+            first = inner.body[0]
+            docstrings.update(range(first.lineno, first.end_lineno + 1))
+    return sum(
+        1
+        for number, line in enumerate(lines, start=node.lineno)
+        if line.strip() and not line.strip().startswith("#") and number not in docstrings
+    )
+
+
+def test_the_optimizer_class_code_fits_on_two_screens():
+    """Its docstrings (the public API's documentation) aside: the phases of a
+    step, the state and its updates live in `_apply_phases` and `_scale_state`."""
+    path = PACKAGE / "optimizer.py"
+    (optimizer,) = [
+        node
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.ClassDef) and node.name == "AdaptiveLossScaleOptimizer"
+    ]
+    assert _code_lines(path, optimizer) <= 2 * SCREENS
+
+
 def _imports(path: pathlib.Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):

@@ -11,8 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from keras_als import optimizer as optimizer_module
-from keras_als import policies
+from keras_als import _apply_phases, policies
 
 
 @pytest.fixture(autouse=True)
@@ -155,6 +154,6 @@ def test_an_invalid_period_names_the_argument(value):
     ],
 )
 def test_settling_means_a_scale_moved_by_sixteen_or_more(old, new, moved):
-    assert optimizer_module.SETTLING == 16.0
-    result = optimizer_module._moved_far(tf.constant(old), tf.constant(new))
+    assert _apply_phases.SETTLING == 16.0
+    result = _apply_phases._moved_far(tf.constant(old), tf.constant(new))
     assert bool(result.numpy()) is moved

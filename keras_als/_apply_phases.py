@@ -1,0 +1,175 @@
+"""The phases of `AdaptiveLossScaleOptimizer.apply` in a traced step, in order.
+
+`run` calls them one after the other; each takes what the earlier ones
+returned:
+
+1. `group_and_unscale`: the gradients by scale component, each divided by its
+   component's scale;
+2. `check_finite`: whether every gradient is finite on every replica, and
+   which components an overflow reached;
+3. `apply_or_skip`: the inner optimizer applies, or the step is skipped and
+   the reached components learn from the overflow;
+4. `measure_and_choose` (measuring steps): the statistics, the policy's next
+   scales, what was measured;
+5. `count_until_measuring`: when the boundaries measure next.
+
+What the phases write into the optimizer's state per scale is in
+`_scale_state`; applying or skipping, in `_skip`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import keras
+import tensorflow as tf
+
+from keras_als import _forward_state, _scale_state, _skip, _statistics
+from keras_als.wrapper import owner_of
+
+SETTLING = 2.0**4
+"""A scale that moved by this factor or more is still settling: measure again."""
+
+
+def run(optimizer, plan, grads: list, variables: list) -> None:
+    """Applies one step's gradients of `plan`'s scaled loss, in the phases above."""
+    gradients = group_and_unscale(plan, grads, variables, optimizer)
+    finite, reached = check_finite(plan, gradients.weight_amax)
+    step = _skip.step_number(optimizer)
+    apply_or_skip(optimizer, plan, finite, reached, gradients.unscaled, variables, step)
+    if not plan.built:
+        return
+    measuring = finite if plan.measuring is None else tf.logical_and(plan.measuring, finite)
+    unsettled = measure_and_choose(optimizer, plan, gradients, measuring, finite, step)
+    if plan.measuring is not None:
+        count_until_measuring(optimizer, finite, unsettled)
+
+
+class Gradients(NamedTuple):
+    """A step's gradients, grouped by scale component (see `group_and_unscale`)."""
+
+    weight_grads: list  # per component, its weight gradients (at its scale)
+    float16: list  # per component, for each of them, whether computed in float16
+    weight_amax: list  # per component, each one's largest absolute value
+    unscaled: list  # every gradient divided by its component's scale, in variable order
+
+
+def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
+    """Phase 1: groups the gradients by component and divides each by its
+    component's scale."""
+    weight_grads = [[] for _ in plan.components]
+    float16 = [[] for _ in plan.components]
+    unscaled = []
+    for g, v in zip(grads, variables):
+        if g is None or optimizer._overwrite_variable_with_gradient(v):
+            unscaled.append(g)
+            continue
+        i = plan.index_of(v)
+        weight_grads[i].append(g)
+        float16[i].append(_computed_in_float16(v))
+        unscaled.append(divide(g, plan.each_scale[i]))
+    weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
+    return Gradients(weight_grads, float16, weight_amax, unscaled)
+
+
+def check_finite(plan, weight_amax) -> tuple[tf.Tensor, tf.Tensor]:
+    """Phase 2: whether every gradient is finite on every replica, and which
+    components an overflow reached.
+
+    Non-finite weight gradients mark the components an overflow reached: where
+    it started and every component upstream of it. On measuring steps the
+    gradients entering each component's wrapped layers are reduced too (else
+    they read 0): a non-finite one counts. With a loss that is not finite, the
+    forward pass (the data) is to blame, not the scales: it reaches none.
+    """
+    crossed = {}
+    if plan.crossings is not None:
+        plan.crossings.finish()  # the boundaries' gradients that still wait
+        crossed = plan.crossings.reduced
+    not_finite = tf.stack(
+        [
+            _not_finite(group + [crossed[id(b)].amax for b in c.inside if id(b) in crossed])
+            for group, c in zip(weight_amax, plan.components)
+        ]
+    )
+    finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
+    reached = _statistics.reached_on_any_replica(tf.logical_and(not_finite, plan.loss_finite))
+    return finite, reached
+
+
+def apply_or_skip(optimizer, plan, finite, reached, unscaled, variables, step) -> None:
+    """Phase 3: applies the unscaled gradients if `finite`; else skips the step,
+    changing no weight, inner optimizer slot or forward state, and learns from
+    the overflow."""
+
+    def learn():
+        _scale_state.learn_from_overflow(optimizer, plan, reached, step)
+
+    _skip.apply_if_finite(
+        optimizer, finite, unscaled, variables, step, on_skip=learn if plan.built else None
+    )
+    _forward_state.restore_unless(finite)
+
+
+def measure_and_choose(optimizer, plan, gradients, measuring, finite, step) -> tf.Tensor:
+    """Phase 4: where `measuring`, measures this step's statistics, asks the
+    policy for the next scales and records what was measured. Returns whether a
+    scale moved far (it is still settling)."""
+
+    def measured():
+        statistics = _statistics.measure(plan, gradients.weight_amax, gradients.weight_grads)
+        return _statistics.agree_across_replicas(statistics)
+
+    def update(statistics):
+        new = _scale_state.choose_scales(optimizer, plan, statistics, finite, step)
+        _scale_state.record_measurement(optimizer, plan, statistics, gradients)
+        return _moved_far(plan.scales, new)
+
+    if _statistics.several_replicas():
+        # Replicas can neither gather nor assign inside a cond: only the
+        # reductions are conditional, the rest keeps every scale when not measuring.
+        statistics = _statistics.measure_if(
+            measuring, plan, gradients.weight_amax, gradients.weight_grads
+        )
+        return update(_statistics.agree_across_replicas(statistics))
+    # Steps that do not measure keep every scale, at the cost of one branch.
+    return tf.cond(measuring, lambda: update(measured()), lambda: tf.constant(False))
+
+
+def count_until_measuring(optimizer, finite, unsettled) -> None:
+    """Phase 5: measures again on the next step after a skipped step or while
+    scales move far (they are still settling); else in `measure_every_n_steps`."""
+    counted = (optimizer.steps_since_measured + 1) % optimizer.measure_every_n_steps
+    again = tf.logical_or(tf.logical_not(finite), unsettled)
+    optimizer.steps_since_measured.assign(tf.where(again, tf.zeros_like(counted), counted))
+
+
+def divide(gradient, scale):
+    """`gradient / scale` in float32, cast back to the gradient's dtype."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            divide(gradient.values, scale), gradient.indices, gradient.dense_shape
+        )
+    if gradient.dtype == tf.float32:
+        return gradient / scale
+    return tf.cast(tf.cast(gradient, tf.float32) / scale, gradient.dtype)
+
+
+def _not_finite(amaxes: list) -> tf.Tensor:
+    """True if any of a component's largest weight gradients is not finite."""
+    if not amaxes:
+        return tf.constant(False)
+    return tf.logical_not(tf.reduce_all(tf.math.is_finite(tf.stack(amaxes))))
+
+
+def _computed_in_float16(variable) -> bool:
+    """Whether the layer that owns `variable` computes in float16 (else the global policy)."""
+    owner = owner_of(variable)
+    dtype = owner.layer.compute_dtype if owner is not None else None
+    return (dtype or keras.config.dtype_policy().compute_dtype) == "float16"
+
+
+def _moved_far(old: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
+    """True if some scale changed by a factor of `SETTLING` or more."""
+    ratio = new / old
+    return tf.reduce_any(tf.logical_or(ratio >= SETTLING, ratio <= 1.0 / SETTLING))
