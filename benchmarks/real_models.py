@@ -128,14 +128,23 @@ def batch(x, i: int):
     return keras.tree.map_structure(lambda a: a[i * BATCH : (i + 1) * BATCH], x)
 
 
-def build(name: str, method: str, seed: int = 0, policy: str = "mixed_float16", jit: bool = True):
+def build(
+    name: str,
+    method: str,
+    seed: int = 0,
+    policy: str = "mixed_float16",
+    jit: bool = True,
+    wrap: bool | None = None,
+):
     """Model `name` for `method` ("keras" or "keras_als") and its optimizer, compiled
-    (with XLA unless `jit` is False)."""
+    (with XLA unless `jit` is False); the model is wrapped for keras_als unless
+    `wrap` says otherwise (the breakdown's ablations)."""
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(seed)
     model = MODELS[name]()
-    if method == "keras_als":
+    if method == "keras_als" if wrap is None else wrap:
         model = keras_als.wrap_model(model)
+    if method == "keras_als":
         optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
     else:
         optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
@@ -189,7 +198,14 @@ def _interleaved_medians(models: dict, x, y, rounds: int) -> dict:
     return {key: statistics.median(t) for key, t in times.items()}
 
 
-ABLATIONS = ("keras", "keras_als", "measuring_never", "no_boundary_reductions")
+ABLATIONS = (
+    "keras",
+    "keras_als",
+    "measuring_never",
+    "no_boundary_reductions",
+    "optimizer_only",
+    "wrapper_only",
+)
 """The step-time ablation's variants (`step_breakdown`)."""
 
 
@@ -210,15 +226,19 @@ class _NoReductions:
 def step_breakdown(name: str, rounds: int = 300, seed: int = 0) -> dict:
     """What keras_als's step time is spent on: median step times in one process,
     steps interleaved, of Keras's optimizer, keras_als, keras_als whose scales are
-    never measured again after the first step (`measure_every_n_steps` 10**9), and
+    never measured again after the first step (`measure_every_n_steps` 10**9),
     keras_als without the reductions of the gradients crossing the boundaries (an
-    ablation that changes what the scales are chosen from, for costing only)."""
+    ablation that changes what the scales are chosen from, for costing only), and
+    each half alone: keras_als's optimizer on the model not wrapped (one scale,
+    the loss's), and the wrapped model with Keras's optimizer."""
     from keras_als import _crossings
 
     x, y = data(name, 1, seed)
     built = {}
     for variant in ABLATIONS:
-        model, optimizer = build(name, "keras" if variant == "keras" else "keras_als", seed)
+        method = "keras" if variant in ("keras", "wrapper_only") else "keras_als"
+        wrap = {"optimizer_only": False, "wrapper_only": True}.get(variant)
+        model, optimizer = build(name, method, seed, wrap=wrap)
         if variant == "measuring_never":
             optimizer.measure_every_n_steps = 10**9
         original = _crossings.Crossings
@@ -383,14 +403,16 @@ def markdown(results: dict) -> str:
             "Where keras_als's step time goes (`--parts breakdown`: median ms of interleaved "
             "steps in one process; `measuring_never`: scales not measured again after the "
             "first step; `no_boundary_reductions`: an ablation without the reductions of "
-            "the gradients crossing the boundaries, for costing only):",
+            "the gradients crossing the boundaries, for costing only; `optimizer_only`: "
+            "keras_als's optimizer on the model not wrapped; `wrapper_only`: the wrapped "
+            "model with Keras's optimizer; -: not in that run):",
             "",
             "| model | " + " | ".join(ABLATIONS) + " |",
             "| --- |" + " --- |" * len(ABLATIONS),
         ]
         for name, ms in broken_down.items():
             base = ms["keras"]
-            cells = [f"{ms[v]:.2f} ({ms[v] / base:.2f}x)" for v in ABLATIONS]
+            cells = [f"{ms[v]:.2f} ({ms[v] / base:.2f}x)" if v in ms else "-" for v in ABLATIONS]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     counted = {n: r["graph_ops"] for n, r in models.items() if "graph_ops" in r}
     if counted:

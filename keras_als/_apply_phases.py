@@ -67,7 +67,7 @@ def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
         i = plan.index_of(v)
         weight_grads[i].append(g)
         float16[i].append(_computed_in_float16(v))
-        unscaled.append(divide(g, plan.each_scale[i]))
+        unscaled.append(unscale(g, plan.each_reciprocal[i]))
     weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
     return Gradients(weight_grads, float16, weight_amax, unscaled)
 
@@ -86,12 +86,11 @@ def check_finite(plan, weight_amax) -> tuple[tf.Tensor, tf.Tensor]:
     if plan.crossings is not None:
         plan.crossings.finish()  # the boundaries' gradients that still wait
         crossed = plan.crossings.reduced
-    not_finite = tf.stack(
-        [
-            _not_finite(group + [crossed[id(b)].amax for b in c.inside if id(b) in crossed])
-            for group, c in zip(weight_amax, plan.components)
-        ]
-    )
+    amaxes = [
+        group + [crossed[id(b)].amax for b in c.inside if id(b) in crossed]
+        for group, c in zip(weight_amax, plan.components)
+    ]
+    not_finite = _not_finite_per_component(amaxes)
     finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
     reached = _statistics.reached_on_any_replica(tf.logical_and(not_finite, plan.loss_finite))
     return finite, reached
@@ -144,22 +143,33 @@ def count_until_measuring(optimizer, finite, unsettled) -> None:
     optimizer.steps_since_measured.assign(tf.where(again, tf.zeros_like(counted), counted))
 
 
-def divide(gradient, scale):
-    """`gradient / scale` in float32, cast back to the gradient's dtype."""
+def unscale(gradient, reciprocal):
+    """`gradient` times `reciprocal` (1 / its scale) in float32, cast back to its dtype.
+
+    A product with the reciprocal, which is exact for a power of two, is
+    bit-identical to the quotient, and XLA fuses it into every kernel that
+    reads it, where it writes a quotient (an expensive operation to XLA) out.
+    """
     if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            divide(gradient.values, scale), gradient.indices, gradient.dense_shape
-        )
+        values = unscale(gradient.values, reciprocal)
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
     if gradient.dtype == tf.float32:
-        return gradient / scale
-    return tf.cast(tf.cast(gradient, tf.float32) / scale, gradient.dtype)
+        return gradient * reciprocal
+    return tf.cast(tf.cast(gradient, tf.float32) * reciprocal, gradient.dtype)
 
 
-def _not_finite(amaxes: list) -> tf.Tensor:
-    """True if any of a component's largest weight gradients is not finite."""
-    if not amaxes:
-        return tf.constant(False)
-    return tf.logical_not(tf.reduce_all(tf.math.is_finite(tf.stack(amaxes))))
+def _not_finite_per_component(amaxes: list[list[tf.Tensor]]) -> tf.Tensor:
+    """Per component, True if any of its largest values (`amaxes[i]`) is not finite.
+
+    One check of all values at once: a check per component would be a small
+    kernel each, and on a CPU their launches cost more than the checks.
+    """
+    components = [i for i, group in enumerate(amaxes) for _ in group]
+    if not components:
+        return tf.zeros([len(amaxes)], tf.bool)
+    values = tf.stack([value for group in amaxes for value in group])
+    not_finite = tf.cast(tf.logical_not(tf.math.is_finite(values)), tf.int32)
+    return tf.math.unsorted_segment_max(not_finite, components, len(amaxes)) > 0
 
 
 def _computed_in_float16(variable) -> bool:

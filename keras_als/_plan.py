@@ -71,14 +71,15 @@ class Plan:
     loss_finite: tf.Tensor  # bool: the loss (forward pass) was finite
     measuring: tf.Tensor | None = None  # bool: this step measures; None: every step does
     crossings: _crossings.Crossings | None = None  # reductions of the boundaries' gradients
-    each_scale: tuple[tf.Tensor, ...] = dataclasses.field(init=False)  # `scales` as scalars
+    # 1 / each scale, exact (powers of two): one division for all, then unstacked once.
+    each_reciprocal: tuple[tf.Tensor, ...] = dataclasses.field(init=False)
 
     def __post_init__(self):
-        # Unstacked once, so that reading a component's scale is not one slice per read.
-        object.__setattr__(self, "each_scale", tuple(tf.unstack(self.scales)))
+        object.__setattr__(self, "each_reciprocal", tuple(tf.unstack(1.0 / self.scales)))
 
-    def scale_of(self, variable) -> tf.Tensor:
-        return self.each_scale[self.index_of(variable)]
+    def reciprocal_of(self, variable) -> tf.Tensor:
+        """1 / the scale of `variable`'s component."""
+        return self.each_reciprocal[self.index_of(variable)]
 
     def index_of(self, variable) -> int:
         return self.component_of.get(id(variable.handle), self.loss_component)

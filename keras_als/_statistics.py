@@ -25,9 +25,11 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     pruned from the traced graph, so they cost nothing.
     """
     crossed = plan.crossings.reduced
+    # Unstacked here, not outside: a branch that measures reads one vector, not a scalar each.
+    each_scale = tf.unstack(plan.scales)
     amaxes, mean_squares, overflow, silent, flushed = [], [], [], [], []
     for i, component in enumerate(plan.components):
-        scale = plan.each_scale[i]
+        scale = each_scale[i]
         seen = list(weight_amax[i])
         incoming_finite, incoming_amax, lost = [], [], []
         for b in component.inside:
@@ -37,7 +39,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
             other = plan.sides[id(b)][1]
             if id(b) in crossed and other != i:
                 arrived = crossed[id(b)].amax
-                post = arrived * (scale / plan.each_scale[other])  # at this component's scale
+                post = arrived * (scale / each_scale[other])  # at this component's scale
                 limit = b.limit
                 seen.append(tf.where(post > limit, float("inf"), post))
                 incoming_finite.append(tf.math.is_finite(arrived))

@@ -170,7 +170,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         _plan.connect(plan)
         _step_record.add_plan(self, plan)
         self._planned_in = weakref.ref(plan.graph)
-        return tf.cast(loss, tf.float32) * plan.each_scale[plan.loss_component]
+        return tf.cast(loss, tf.float32) * plan.scales[plan.loss_component]
 
     def _current_plan(self):
         """The plan `scale_loss` made in the step traced now, or None."""
@@ -227,9 +227,10 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         plan = self._current_plan()
         if plan is None:
             scale = self.dynamic_scale if self.built else self.initial_scale
-            return [None if g is None else _apply_phases.divide(g, scale) for g in grads]
+            reciprocal = 1.0 / tf.cast(scale, tf.float32)
+            return [None if g is None else _apply_phases.unscale(g, reciprocal) for g in grads]
         return [
-            None if g is None else _apply_phases.divide(g, plan.scale_of(v))
+            None if g is None else _apply_phases.unscale(g, plan.reciprocal_of(v))
             for g, v in zip(grads, trainable_variables)
         ]
 
