@@ -200,6 +200,7 @@ def _interleaved_medians(models: dict, x, y, rounds: int) -> dict:
 
 ABLATIONS = (
     "keras",
+    "keras_again",
     "keras_als",
     "measuring_never",
     "no_boundary_reductions",
@@ -225,7 +226,9 @@ class _NoReductions:
 
 def step_breakdown(name: str, rounds: int = 300, seed: int = 0) -> dict:
     """What keras_als's step time is spent on: median step times in one process,
-    steps interleaved, of Keras's optimizer, keras_als, keras_als whose scales are
+    steps interleaved, of Keras's optimizer, a second instance of it built the
+    same way (what two compiled instances of one configuration differ by: the
+    resolution of these ratios), keras_als, keras_als whose scales are
     never measured again after the first step (`measure_every_n_steps` 10**9),
     keras_als without the reductions of the gradients crossing the boundaries (an
     ablation that changes what the scales are chosen from, for costing only), and
@@ -236,7 +239,7 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0) -> dict:
     x, y = data(name, 1, seed)
     built = {}
     for variant in ABLATIONS:
-        method = "keras" if variant in ("keras", "wrapper_only") else "keras_als"
+        method = "keras" if variant in ("keras", "keras_again", "wrapper_only") else "keras_als"
         wrap = {"optimizer_only": False, "wrapper_only": True}.get(variant)
         model, optimizer = build(name, method, seed, wrap=wrap)
         if variant == "measuring_never":
@@ -401,7 +404,9 @@ def markdown(results: dict) -> str:
         lines += [
             "",
             "Where keras_als's step time goes (`--parts breakdown`: median ms of interleaved "
-            "steps in one process; `measuring_never`: scales not measured again after the "
+            "steps in one process; `keras_again`: a second instance of Keras's, built the "
+            "same way, the resolution of these ratios; "
+            "`measuring_never`: scales not measured again after the "
             "first step; `no_boundary_reductions`: an ablation without the reductions of "
             "the gradients crossing the boundaries, for costing only; `optimizer_only`: "
             "keras_als's optimizer on the model not wrapped; `wrapper_only`: the wrapped "
