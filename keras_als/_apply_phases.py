@@ -146,9 +146,9 @@ def count_until_measuring(optimizer, finite, unsettled) -> None:
 def unscale(gradient, reciprocal):
     """`gradient` times `reciprocal` (1 / its scale) in float32, cast back to its dtype.
 
-    A product with the reciprocal, which is exact for a power of two, is
-    bit-identical to the quotient, and XLA fuses it into every kernel that
-    reads it, where it writes a quotient (an expensive operation to XLA) out.
+    Scales are powers of two, so the reciprocal is exact and the product
+    bit-identical to the quotient; the plan computes the reciprocals once per
+    step for all scales (`Plan.each_reciprocal`), not one per gradient.
     """
     if isinstance(gradient, tf.IndexedSlices):
         values = unscale(gradient.values, reciprocal)
