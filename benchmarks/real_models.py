@@ -142,7 +142,9 @@ def build(
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(seed)
     model = MODELS[name]()
-    if method == "keras_als" if wrap is None else wrap:
+    if wrap is None:
+        wrap = method == "keras_als"
+    if wrap:
         model = keras_als.wrap_model(model)
     if method == "keras_als":
         optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))

@@ -161,8 +161,8 @@ def unscale(gradient, reciprocal):
 def _not_finite_per_component(amaxes: list[list[tf.Tensor]]) -> tf.Tensor:
     """Per component, True if any of its largest values (`amaxes[i]`) is not finite.
 
-    One check of all values at once: a check per component would be a small
-    kernel each, and on a CPU their launches cost more than the checks.
+    One check of all values at once, not one small check per component; a
+    component with no values is finite.
     """
     components = [i for i, group in enumerate(amaxes) for _ in group]
     if not components:

@@ -7,6 +7,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_als
 from keras_als import policies
@@ -191,3 +192,13 @@ def test_the_step_record_keeps_no_dropped_optimizer_or_layer_alive():
     gc.collect()
     assert optimizer() is None
     assert all(w() is None for w in wrappers)
+
+
+def test_finiteness_is_checked_per_component_and_a_component_without_values_is_finite():
+    from keras_als import _apply_phases
+
+    inf, nan = float("inf"), float("nan")
+    amaxes = [[tf.constant(1.0), tf.constant(inf)], [], [tf.constant(2.0)], [tf.constant(nan)]]
+    not_finite = _apply_phases._not_finite_per_component(amaxes)
+    assert not_finite.numpy().tolist() == [True, False, False, True]
+    assert _apply_phases._not_finite_per_component([[], []]).numpy().tolist() == [False, False]
