@@ -73,20 +73,21 @@ def per_component(plan, values) -> tf.Tensor:
 
 def write(plan, variable, values) -> None:
     """Writes each component's value (`values`) into every entry of `variable` it holds."""
-    entries, components = _entries_of(plan)
-    variable.assign(
-        tf.tensor_scatter_nd_update(
-            tf.convert_to_tensor(variable), entries, tf.gather(values, components)
-        )
-    )
+    variable.assign(_with_values(plan, tf.convert_to_tensor(variable), values))
 
 
 def assign_scales(state, plan, new) -> None:
-    """Writes the new scale of every component into each of its entries."""
-    entries, components = _entries_of(plan)
-    updated = tf.tensor_scatter_nd_update(plan.scale_vector, entries, tf.gather(new, components))
+    """Writes the new scale of every component into each of its entries (the
+    loss's scale and the layers' are two variables)."""
+    updated = _with_values(plan, plan.scale_vector, new)
     state.dynamic_scale.assign(updated[0])
     state._layer_scales.assign(updated[1:])
+
+
+def _with_values(plan, vector, values) -> tf.Tensor:
+    """`vector` (one entry per scale) with each component's value in all its entries."""
+    entries, components = _entries_of(plan)
+    return tf.tensor_scatter_nd_update(vector, entries, tf.gather(values, components))
 
 
 def headroom_of(state, plan) -> policies.Headroom:
