@@ -251,7 +251,7 @@ def markdown(
         "",
         f"- Command: `{command}`",
         f"- Date: {when}",
-        f"- Machine: {_environment()}",
+        f"- Machine: {results.get('machine', 'not recorded')}",
         f"- keras_als measured: {results.get('provenance', 'not recorded')}",
         *(
             [
@@ -436,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         results = run(QUICK if args.quick else FULL, args.quick)
         results["provenance"] = provenance
         results["command"] = command
+        results["machine"] = _environment()
         results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     targets = report.targets(
         results["measurements"],
