@@ -197,3 +197,34 @@ def test_real_model_table_gives_each_ablation_as_ms_and_a_ratio_to_keras():
         in text
     )
     assert "| m | 1050 | 6 / 3 | 1 / 1 | 1.020x | 1.200x (10.0 / 12.0) | 5.0 / 6.0 |" in text
+
+
+def test_real_model_step_ratio_is_a_ratio_of_geometric_means_with_a_standard_error():
+    from benchmarks import real_models
+
+    ratio, standard_error = real_models.ratio_and_standard_error([2.0, 8.0], [1.0, 4.0])
+    # Geometric means 4 and 2; log spreads: var(log [2, 8]) = var(log [1, 4]) = 2 (log 2)^2.
+    assert ratio == pytest.approx(2.0, rel=1e-12)
+    assert standard_error == pytest.approx(2.0 * math.sqrt(2 * math.log(2) ** 2), rel=1e-12)
+    same, none = real_models.ratio_and_standard_error([1.1, 1.1, 1.1], [1.0, 1.0])
+    assert same == pytest.approx(1.1, rel=1e-12) and none == 0.0
+    assert math.isnan(real_models.ratio_and_standard_error([1.0], [1.0, 2.0])[1])
+
+
+def test_real_model_table_gives_the_step_ratio_with_its_error_and_the_keras_spread():
+    from benchmarks import real_models
+
+    row = _real_model_row(1, step_ratio=1.04)
+    row.update(step_ratio_se=0.012, keras_spread=1.031)
+    text = real_models.markdown({"batch": 8, "models": {"m": row}})
+    assert "| 1.040x ± 0.012 (1.03x) |" in text
+    assert text.rstrip().endswith("| step_time |")
+
+
+def test_a_step_ratio_below_the_target_by_less_than_two_standard_errors_is_at_the_line():
+    from benchmarks import real_models
+
+    row = _real_model_row(1, step_ratio=1.025)
+    assert real_models._at_the_line({**row, "step_ratio_se": 0.003}) == ["step_time at the line"]
+    assert real_models._at_the_line({**row, "step_ratio_se": 0.002}) == []
+    assert real_models._at_the_line({**row, "step_ratio": 1.04, "step_ratio_se": 0.1}) == []
