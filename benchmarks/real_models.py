@@ -11,13 +11,13 @@ benchmark's real-model section build them from here.
 mixed_float16 with XLA, with Keras's `LossScaleOptimizer` and with keras_als
 on the same weights and batches, and prints the skipped steps (in the first 50
 steps and in the rest), and the cost of keras_als over Keras's: step time
-(three compiled instances of each, steps interleaved, with a standard error:
-`step_times`), compile time (first step in fresh processes, with and without
-XLA) and XLA step memory (fresh processes, see `benchmarks.memory`);
-`breakdown` times ablations that show what the step time is spent on
-(`step_breakdown`); `graph` counts the operations of each method's traced
-step (`graph_ops`). It writes benchmarks/results/real_models.json and .md; a
-run of one part keeps the other's results.
+(`--instances` compiled instances of each, 3 by default, steps interleaved,
+with a standard error: `step_times`), compile time (first step in fresh
+processes, with and without XLA) and XLA step memory (fresh processes, see
+`benchmarks.memory`); `breakdown` times ablations that show what the step time
+is spent on (`step_breakdown`); `graph` counts the operations of each method's
+traced step (`graph_ops`). It writes benchmarks/results/real_models.json and
+.md; a run of one part keeps the other's results.
 
 Targets (issue 12): skipped steps in the first 50 at most Keras's, and at most
 1 per 1000 after; step time <= 1.03x, compile time <= 1.25x and XLA step memory
@@ -206,6 +206,7 @@ def step_times(name: str, rounds: int = 100, seed: int = 0, instances: int = 3) 
         "step_ratio": ratio,
         "step_ratio_se": standard_error,
         "keras_spread": max(each["keras"]) / min(each["keras"]),
+        "step_instances": instances,
         "step_seconds": each,
     }
 
@@ -426,6 +427,8 @@ def _step_cell(row: dict) -> str:
     cell = f"{row['step_ratio']:.3f}x"
     if "step_ratio_se" in row:
         cell += f" ± {row['step_ratio_se']:.3f} ({row['keras_spread']:.2f}x)"
+    if row.get("step_instances", 3) != 3:
+        cell += f", {row['step_instances']} instances"
     return cell
 
 
@@ -436,7 +439,8 @@ def markdown(results: dict) -> str:
         "",
         f"mixed_float16, XLA, Adam 1e-3, batch {results['batch']}, same weights and batches "
         "for both optimizers (`python -m benchmarks.real_models`). Ratios are keras_als over "
-        "Keras's `LossScaleOptimizer`: step time from three compiled instances of each, "
+        "Keras's `LossScaleOptimizer`: step time from three compiled instances of each "
+        "(unless the cell gives another number), "
         "steps interleaved in one process in a shuffled order, with its standard error "
         "and, in brackets, how far the Keras instances differ (slowest over fastest); "
         "compile time the median first step over fresh processes (alternating), "
@@ -508,6 +512,9 @@ def main(argv=None) -> None:
         "graph (operations in the traced step)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per compile")
+    parser.add_argument(
+        "--instances", type=int, default=3, help="compiled instances per optimizer (step time)"
+    )
     parser.add_argument("--out", default="benchmarks/results/real_models")
     parser.add_argument(
         "--probe", nargs=3, metavar=("KIND", "MODEL", "METHOD"), help=argparse.SUPPRESS
@@ -546,7 +553,7 @@ def main(argv=None) -> None:
             )
         if "cost" in parts or "step" in parts:
             keras.utils.clear_session()
-            row.update(step_times(name))
+            row.update(step_times(name, instances=args.instances))
             print(f"{name:14s} step time {_step_cell(row)}", flush=True)
         if "cost" in parts:
             row.update(compile_times(name, args.repeats))

@@ -219,6 +219,10 @@ def test_real_model_table_gives_the_step_ratio_with_its_error_and_the_keras_spre
     text = real_models.markdown({"batch": 8, "models": {"m": row}})
     assert "| 1.040x ± 0.012 (1.03x) |" in text
     assert text.rstrip().endswith("| step_time |")
+    row["step_instances"] = 6
+    assert "| 1.040x ± 0.012 (1.03x), 6 instances |" in real_models.markdown(
+        {"batch": 8, "models": {"m": row}}
+    )
 
 
 def test_a_step_ratio_below_the_target_by_less_than_two_standard_errors_is_at_the_line():
