@@ -229,6 +229,6 @@ def test_a_step_ratio_below_the_target_by_less_than_two_standard_errors_is_at_th
     from benchmarks import real_models
 
     row = _real_model_row(1, step_ratio=1.025)
-    assert real_models._at_the_line({**row, "step_ratio_se": 0.003}) == ["step_time at the line"]
-    assert real_models._at_the_line({**row, "step_ratio_se": 0.002}) == []
-    assert real_models._at_the_line({**row, "step_ratio": 1.04, "step_ratio_se": 0.1}) == []
+    assert real_models.missed({**row, "step_ratio_se": 0.003}) == ["step_time at the line"]
+    assert real_models.missed({**row, "step_ratio_se": 0.002}) == []
+    assert real_models.missed({**row, "step_ratio": 1.04, "step_ratio_se": 0.1}) == ["step_time"]
