@@ -27,15 +27,19 @@ def apply_if_finite(
 ) -> None:
     """Applies `grads` with `optimizer.inner_optimizer` if `finite`, else skips the step.
 
-    The skip branch is not empty: XLA compiles the cond into selects over the
-    elementwise update, as for Keras's LossScaleOptimizer, which runs faster
-    on a CPU than a conditional.
+    Both branches hold elementwise updates only (the skip window is written
+    with a select, not a scatter), and `on_skip` runs in a conditional of its
+    own after them: XLA can then compile the apply-or-skip conditional into
+    selects over the elementwise update, as it does for Keras's
+    LossScaleOptimizer, which runs faster on a CPU than a conditional (a
+    gather, scatter or matrix product in a branch, as learning from an
+    overflow has, keeps the conditional).
     """
-    where = [[tf.cast(step, "int32") % SKIP_WINDOW]]
+    this_step = tf.range(SKIP_WINDOW) == tf.cast(step, "int32") % SKIP_WINDOW
 
     def note(skipped):
         window = optimizer.recent_skips
-        window.assign(tf.tensor_scatter_nd_update(window, where, [skipped]))
+        window.assign(tf.where(this_step, tf.cast(skipped, window.dtype), window))
 
     def applied():
         note(0)
@@ -45,8 +49,6 @@ def apply_if_finite(
         optimizer.skipped_steps.assign_add(1)
         optimizer.skipped_in_a_row.assign_add(1)
         note(1)
-        if on_skip is not None:
-            on_skip()
 
     def apply_step():
         optimizer.inner_optimizer.apply(grads, trainable_variables=variables)
@@ -54,6 +56,8 @@ def apply_if_finite(
 
     if strategy_supports_no_merge_call():
         keras.ops.cond(finite, apply_step, skip_step)
+        if on_skip is not None:
+            keras.ops.cond(finite, lambda: None, on_skip)
         return
 
     # The inner optimizer all-reduces through merge_call, which a cond in
@@ -69,5 +73,7 @@ def apply_if_finite(
             applied()
 
         keras.ops.cond(finite, apply_everywhere, skip_step)
+        if on_skip is not None:
+            keras.ops.cond(finite, lambda: None, on_skip)
 
     tf.distribute.get_replica_context().merge_call(decide, args=(finite, grads))

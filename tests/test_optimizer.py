@@ -1,6 +1,7 @@
 """AdaptiveLossScaleOptimizer: configuration, errors, saving, the backend check."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -202,3 +203,71 @@ def test_finiteness_is_checked_per_component_and_a_component_without_values_is_f
     not_finite = _apply_phases._not_finite_per_component(amaxes)
     assert not_finite.numpy().tolist() == [True, False, False, True]
     assert _apply_phases._not_finite_per_component([[], []]).numpy().tolist() == [False, False]
+
+
+def _conditionals_holding(hlo: str, op_name_part: str) -> int:
+    """Conditionals in optimized HLO text whose branches (and the computations
+    these call, fusions included) hold an operation named with `op_name_part`."""
+    computations, name = {}, None
+    for line in hlo.splitlines():
+        if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+            name = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+            computations[name] = []
+        elif name is not None:
+            computations[name].append(line)
+    called = re.compile(r"(?:calls|to_apply|_computation|branch_computations)=\{?([%\w.,\s-]+)")
+
+    def holds(computation, seen) -> bool:
+        if computation in seen or computation not in computations:
+            return False
+        seen.add(computation)
+        for line in computations[computation]:
+            match = re.search(r'op_name="([^"]*)"', line)
+            if match and op_name_part in match.group(1).lower():
+                return True
+            for group in called.findall(line):
+                if any(holds(c.strip().lstrip("%"), seen) for c in group.split(",")):
+                    return True
+        return False
+
+    count = 0
+    for lines in computations.values():
+        for line in lines:
+            if " conditional(" in line:
+                branches = re.findall(r"(?:true|false)_computation=%?([\w.-]+)", line) + [
+                    c.strip().lstrip("%")
+                    for group in re.findall(r"branch_computations=\{([^}]*)\}", line)
+                    for c in group.split(",")
+                ]
+                count += any(holds(b, set()) for b in branches)
+    return count
+
+
+@pytest.mark.parametrize("optimizer_class", ["keras", "keras_als"])
+def test_under_xla_the_weight_update_is_not_a_conditional_but_selects_as_for_keras(
+    optimizer_class,
+):
+    # XLA turns an apply-or-skip conditional whose branches are elementwise into
+    # selects, which run faster on a CPU; a scatter, gather or matrix product in
+    # a branch (learning from an overflow has them) keeps it a conditional.
+    keras.utils.set_random_seed(0)
+    model, x, y = models.residual_cnn()
+    if optimizer_class == "keras_als":
+        model = keras_als.wrap_model(model)
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    else:
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    loss_fn = keras.losses.MeanSquaredError()
+
+    @tf.function(jit_compile=True)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = optimizer.scale_loss(loss_fn(y, model(x, training=True)))
+        variables = model.trainable_variables
+        optimizer.apply(tape.gradient(loss, variables), variables)
+
+    x, y = tf.constant(x[:4]), tf.constant(y[:4])
+    step(x, y)  # builds the optimizer's variables
+    hlo = step.experimental_get_compiler_ir(x, y)(stage="optimized_hlo")
+    assert "adam" in hlo.lower()  # the update is in the compiled step ...
+    assert _conditionals_holding(hlo, "adam") == 0  # ... and in no conditional
