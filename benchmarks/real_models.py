@@ -142,10 +142,12 @@ def build(
     policy: str = "mixed_float16",
     jit: bool = True,
     wrap: bool | None = None,
+    state_variables: int = 0,
 ):
     """Model `name` for `method` ("keras" or "keras_als") and its optimizer, compiled
     (with XLA unless `jit` is False); the model is wrapped for keras_als unless
-    `wrap` says otherwise (the breakdown's ablations)."""
+    `wrap` says otherwise, and Keras's optimizer assigns `state_variables` small
+    variables of its own every step (the breakdown's ablations)."""
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(seed)
     model = MODELS[name]()
@@ -155,6 +157,8 @@ def build(
         model = keras_als.wrap_model(model)
     if method == "keras_als":
         optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    elif state_variables:
+        optimizer = _KerasWithState(keras.optimizers.Adam(1e-3), state_variables)
     else:
         optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
     model.compile(
@@ -250,12 +254,39 @@ ABLATIONS = (
     "keras",
     "keras_again",
     "keras_als",
+    "keras_with_state",
     "measuring_never",
     "no_boundary_reductions",
     "optimizer_only",
     "wrapper_only",
 )
 """The step-time ablation's variants (`step_breakdown`)."""
+
+
+class _KerasWithState(keras.optimizers.LossScaleOptimizer):
+    """Keras's LossScaleOptimizer that also assigns `count` small variables every
+    step, as many as keras_als's optimizer adds to Keras's: what that state alone
+    costs the compiled step (ablation only)."""
+
+    def __init__(self, inner_optimizer, count: int, **kwargs):
+        super().__init__(inner_optimizer, **kwargs)
+        self.count = count
+        self.state = []
+
+    def build(self, var_list):
+        super().build(var_list)
+        self.state = [
+            self.add_variable(shape=(8,), initializer="zeros", name=f"state_{i}")
+            for i in range(self.count)
+        ]
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            with tf.init_scope():
+                self.build(trainable_variables)
+        for variable in self.state:
+            variable.assign(variable + 1.0)
+        return super().apply(grads, trainable_variables)
 
 
 class _NoReductions:
@@ -272,37 +303,71 @@ class _NoReductions:
         pass
 
 
-def step_breakdown(name: str, rounds: int = 300, seed: int = 0) -> dict:
+def step_breakdown(name: str, rounds: int = 300, seed: int = 0, instances: int = 1) -> dict:
     """What keras_als's step time is spent on: median step times in one process,
-    steps interleaved, of Keras's optimizer, a second instance of it built the
-    same way (what two compiled instances of one configuration differ by: the
-    resolution of these ratios), keras_als, keras_als whose scales are
+    steps interleaved, of Keras's optimizer, a second group of it built the
+    same way (what two groups of one configuration differ by: the resolution
+    of these ratios), keras_als, keras_als whose scales are
     never measured again after the first step (`measure_every_n_steps` 10**9),
     keras_als without the reductions of the gradients crossing the boundaries (an
     ablation that changes what the scales are chosen from, for costing only), and
     each half alone: keras_als's optimizer on the model not wrapped (one scale,
-    the loss's), and the wrapped model with Keras's optimizer."""
+    the loss's), and the wrapped model with Keras's optimizer; and Keras's
+    optimizer assigning, every step, as many small variables of its own as
+    keras_als's optimizer adds to Keras's (each variable a compiled step updates
+    costs it a fixed time on a CPU).
+
+    Each variant is built `instances` times (see `step_times`). Returns `ms`,
+    each variant's geometric mean over its instances of their median step
+    times, and, with two or more instances, `ratio_se`: the standard error of
+    each variant's ratio to Keras's (`ratio_and_standard_error`).
+    """
     from keras_als import _crossings
 
     x, y = data(name, 1, seed)
-    built = {}
-    for variant in ABLATIONS:
-        method = "keras" if variant in ("keras", "keras_again", "wrapper_only") else "keras_als"
-        wrap = {"optimizer_only": False, "wrapper_only": True}.get(variant)
-        model, optimizer = build(name, method, seed, wrap=wrap)
-        if variant == "measuring_never":
-            optimizer.measure_every_n_steps = 10**9
-        original = _crossings.Crossings
-        if variant == "no_boundary_reductions":
-            _crossings.Crossings = _NoReductions
-        try:
-            for _ in range(3):  # trace, compile and warm up
-                model.train_on_batch(x, y)
-        finally:
-            _crossings.Crossings = original
-        built[variant] = model
-    median = _interleaved_medians(built, x, y, rounds)
-    return {variant: 1e3 * seconds for variant, seconds in median.items()}
+    built, optimizers = {}, {}
+    for k in range(instances):
+        for variant in ABLATIONS:
+            keras_optimizer = variant in (
+                "keras",
+                "keras_again",
+                "wrapper_only",
+                "keras_with_state",
+            )
+            wrap = {"optimizer_only": False, "wrapper_only": True}.get(variant)
+            state = 0
+            if variant == "keras_with_state":  # keras and keras_als are built by now
+                state = len(optimizers["keras_als"].variables) - len(optimizers["keras"].variables)
+            model, optimizer = build(
+                name,
+                "keras" if keras_optimizer else "keras_als",
+                seed,
+                wrap=wrap,
+                state_variables=state,
+            )
+            optimizers[variant] = optimizer
+            if variant == "measuring_never":
+                optimizer.measure_every_n_steps = 10**9
+            original = _crossings.Crossings
+            if variant == "no_boundary_reductions":
+                _crossings.Crossings = _NoReductions
+            try:
+                for _ in range(3):  # trace, compile and warm up
+                    model.train_on_batch(x, y)
+            finally:
+                _crossings.Crossings = original
+            built[variant, k] = model
+    median = _interleaved_medians(built, x, y, rounds, seed)
+    each = {v: [median[v, k] for k in range(instances)] for v in ABLATIONS}
+    result = {
+        "ms": {v: 1e3 * math.exp(statistics.fmean(map(math.log, t))) for v, t in each.items()},
+        "instances": instances,
+    }
+    if instances > 1:
+        result["ratio_se"] = {
+            v: ratio_and_standard_error(t, each["keras"])[1] for v, t in each.items()
+        }
+    return result
 
 
 def graph_ops(name: str) -> dict:
@@ -438,6 +503,24 @@ def _step_cell(row: dict) -> str:
     return cell
 
 
+def _breakdown_cells(row: dict) -> list[str]:
+    """One cell per ablation: ms, its ratio to Keras's and, with several
+    instances, that ratio's standard error and the number of instances."""
+    ms, errors = row["breakdown_ms"], row.get("breakdown_se", {})
+    cells = []
+    for variant in ABLATIONS:
+        if variant not in ms:
+            cells.append("-")
+            continue
+        ratio = f"{ms[variant] / ms['keras']:.3f}x"
+        if variant in errors:
+            ratio += f" ± {errors[variant]:.3f}"
+        cells.append(f"{ms[variant]:.2f} ({ratio})")
+    if "breakdown_se" in row:
+        cells[0] += f", {row['breakdown_instances']} instances each"
+    return cells
+
+
 def markdown(results: dict) -> str:
     """The real-model table of RESULTS.md."""
     lines = [
@@ -474,9 +557,11 @@ def markdown(results: dict) -> str:
         lines += [
             "",
             "Where keras_als's step time goes (`--parts breakdown`: median ms of interleaved "
-            "steps in one process; `keras_again`: a second instance of Keras's, built the "
-            "same way, the resolution of these ratios; "
-            "`measuring_never`: scales not measured again after the "
+            "steps in one process, geometric mean over each variant's instances; "
+            "`keras_again`: a second group of Keras's, built the same way, the resolution "
+            "of these ratios; "
+            "`keras_with_state`: Keras's, assigning as many small variables every step as "
+            "keras_als's optimizer adds; `measuring_never`: scales not measured again after the "
             "first step; `no_boundary_reductions`: an ablation without the reductions of "
             "the gradients crossing the boundaries, for costing only; `optimizer_only`: "
             "keras_als's optimizer on the model not wrapped; `wrapper_only`: the wrapped "
@@ -485,10 +570,8 @@ def markdown(results: dict) -> str:
             "| model | " + " | ".join(ABLATIONS) + " |",
             "| --- |" + " --- |" * len(ABLATIONS),
         ]
-        for name, ms in broken_down.items():
-            base = ms["keras"]
-            cells = [f"{ms[v]:.2f} ({ms[v] / base:.2f}x)" if v in ms else "-" for v in ABLATIONS]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        for name in broken_down:
+            lines.append(f"| {name} | " + " | ".join(_breakdown_cells(models[name])) + " |")
     counted = {n: r["graph_ops"] for n, r in models.items() if "graph_ops" in r}
     if counted:
         lines += [
@@ -522,6 +605,12 @@ def main(argv=None) -> None:
         type=int,
         default=INSTANCES,
         help="compiled instances per optimizer (step time)",
+    )
+    parser.add_argument(
+        "--breakdown-instances",
+        type=int,
+        default=1,
+        help="compiled instances per variant (breakdown)",
     )
     parser.add_argument("--out", default="benchmarks/results/real_models")
     parser.add_argument(
@@ -575,7 +664,12 @@ def main(argv=None) -> None:
             )
         if "breakdown" in parts:
             keras.utils.clear_session()
-            row["breakdown_ms"] = step_breakdown(name)
+            broken_down = step_breakdown(name, instances=args.breakdown_instances)
+            row["breakdown_ms"] = broken_down["ms"]
+            row["breakdown_instances"] = broken_down["instances"]
+            row.pop("breakdown_se", None)
+            if "ratio_se" in broken_down:
+                row["breakdown_se"] = broken_down["ratio_se"]
             print(
                 f"{name:14s} step ms: "
                 + ", ".join(f"{k} {v:.2f}" for k, v in row["breakdown_ms"].items()),

@@ -140,7 +140,11 @@ def count_until_measuring(optimizer, finite, unsettled) -> None:
     scales move far (they are still settling); else in `measure_every_n_steps`."""
     counted = (optimizer.steps_since_measured + 1) % optimizer.measure_every_n_steps
     again = tf.logical_or(tf.logical_not(finite), unsettled)
-    optimizer.steps_since_measured.assign(tf.where(again, tf.zeros_like(counted), counted))
+    since = tf.where(again, tf.zeros_like(counted), counted)
+    masks = _scale_state.counter_masks(optimizer, 0.0)
+    values = {"steps_since_measured": since}
+    counters = _scale_state.counters_with(optimizer, masks, values=values)
+    optimizer.counters.assign(counters)
 
 
 def unscale(gradient, reciprocal):

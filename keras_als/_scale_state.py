@@ -1,10 +1,15 @@
 """The optimizer's state per scale, and what a step writes into it.
 
-`declare` (called by `AdaptiveLossScaleOptimizer.build`) makes one vector
-variable per kind of state, with one entry per scale: the loss's (entry 0), then each wrapped
-layer's. A plan's scale *components* each hold one or more entries (layers
-whose weights are tied share a component). These functions read the state
-per component and write each component's new value into all of its entries:
+`declare` (called by `AdaptiveLossScaleOptimizer.build`) makes the
+optimizer's few variables: the scales (the loss's, entry 0, in Keras's
+`dynamic_scale`; each wrapped layer's in `layer_scales`), `per_scale` (one row
+per kind of state in `PER_SCALE`, one column per scale) and `counters` (the
+step counters in `COUNTERS`, then the recent skips window). Few variables,
+because every variable a compiled step updates costs it a fixed time on a CPU
+(`python -m benchmarks.real_models --parts breakdown`, `keras_with_state`).
+A plan's scale *components* each hold one or more entries (layers whose
+weights are tied share a component). These functions read the state per
+component and write each component's new value into all of its entries:
 
 - `choose_scales` (measuring steps): the policy's next scales, with the
   headroom left;
@@ -24,6 +29,22 @@ import tensorflow as tf
 from keras_als import _statistics, _telemetry, policies
 from keras_als._telemetry import SKIP_WINDOW
 
+PER_SCALE = (
+    "headroom",  # what overflows taught each scale (policies.Headroom) ...
+    "headroom_since",  # ... and since which step
+    "measured",  # 1 once chosen from a measurement, 0 while the first guess
+    "overflow_counts",  # telemetry: overflows that started there ...
+    "last_overflow_step",  # ... and the last one's step (-1: none)
+    "underflow_rates",  # telemetry: float16 subnormal share ...
+    "zero_rates",  # ... and exact zero share
+)
+"""The rows of the optimizer's `per_scale` variable (float32; counts and flags
+are exact integers in it)."""
+
+COUNTERS = ("skipped_steps", "skipped_in_a_row", "steps_since_measured")
+"""The first entries of the optimizer's `counters` variable; the recent skips
+window (`SKIP_WINDOW` entries, 1 where that step was skipped) follows them."""
+
 
 def declare(state, layers: int) -> None:
     """Makes the optimizer's variables, for the loss's scale and `layers` wrapped layers.
@@ -41,29 +62,66 @@ def declare(state, layers: int) -> None:
             name=name,
         )
 
-    entries = (layers + 1,)  # the loss's, then each layer's
-    # One vector for every layer's scale: one variable costs the compiled
-    # step less than one per layer.
     state._layer_scales = variable("layer_scales", shape=(layers,))
-    state.skipped_steps = variable("skipped_steps", "int", 0)
-    # What overflows taught each scale (policies.Headroom), and whether it
-    # was ever chosen from a measurement (1) or is still the first guess (0).
-    state.headroom = variable("headroom", "float32", 0.0, shape=entries)
-    state.headroom_since = variable("headroom_since", "float32", 0.0, shape=entries)
-    state.measured = variable("measured", "int", 0, shape=entries)
-    # Telemetry: where overflows started and when; the recent skips.
-    state.overflow_counts = variable("overflow_counts", "int", 0, shape=entries)
-    state.last_overflow_step = variable("last_overflow_step", "float32", -1.0, shape=entries)
-    state.underflow_rates = variable("underflow_rates", "float32", 0.0, shape=entries)
-    state.zero_rates = variable("zero_rates", "float32", 0.0, shape=entries)
-    state.recent_skips = variable("recent_skips", "int", 0, shape=(SKIP_WINDOW,))
-    state.skipped_in_a_row = variable("skipped_in_a_row", "int", 0)
-    # Finite steps since the boundaries last measured.
-    state.steps_since_measured = variable("steps_since_measured", "int", 0)
+    initial = [[-1.0 if row == "last_overflow_step" else 0.0] for row in PER_SCALE]
+    state.per_scale = variable("per_scale", "float32", initial, shape=(len(PER_SCALE), layers + 1))
+    state.counters = variable("counters", "int", 0, shape=(len(COUNTERS) + SKIP_WINDOW,))
     # LossScaleOptimizer's own state, with the aggregation above: the loss's
     # scale, and the growth counter of the one dynamic scale of an eager step.
     state.step_counter = variable("step_counter", "int", 0)
     state.dynamic_scale = variable("dynamic_scale")
+
+
+def row(state, name: str) -> tf.Tensor:
+    """Row `name` of `PER_SCALE`: its value for every scale entry."""
+    return tf.convert_to_tensor(state.per_scale)[PER_SCALE.index(name)]
+
+
+def counter(state, name: str) -> tf.Tensor:
+    """The counter `name` of `COUNTERS`."""
+    return tf.convert_to_tensor(state.counters)[COUNTERS.index(name)]
+
+
+def recent_skips(state) -> tf.Tensor:
+    """The recent skips window: 1 where that step (its number modulo `SKIP_WINDOW`) skipped."""
+    return tf.convert_to_tensor(state.counters)[len(COUNTERS) :]
+
+
+def counter_masks(state, step) -> dict[str, tf.Tensor]:
+    """Boolean masks over the optimizer's counters: one per name in `COUNTERS`,
+    and `"window"` for this step's entry (`step` modulo `SKIP_WINDOW`) of the
+    recent skips window. Made outside the conditional that writes the
+    counters (`counters_with`): with these comparisons inside it, XLA kept the
+    conditional rather than turning it into selects (`tests/test_optimizer.py`
+    reads the optimized HLO)."""
+    dtype = state.counters.dtype
+    index = tf.range(state.counters.shape[0], dtype=dtype)
+    masks = {name: index == i for i, name in enumerate(COUNTERS)}
+    masks["window"] = index == len(COUNTERS) + tf.cast(step, dtype) % SKIP_WINDOW
+    return masks
+
+
+def counters_with(state, masks, zero=(), increment=(), values=None) -> tf.Tensor:
+    """The optimizer's counters with the given ones changed, elementwise.
+
+    Args:
+        state: The optimizer.
+        masks: `counter_masks(state, step)`.
+        zero: Names in `masks` to set to 0.
+        increment: Names in `masks` to add one to.
+        values: `{name: new value}` for names in `masks`.
+
+    Returns:
+        The new value of `state.counters`.
+    """
+    counters = tf.convert_to_tensor(state.counters)
+    for name in zero:
+        counters = tf.where(masks[name], tf.zeros_like(counters), counters)
+    for name in increment:
+        counters = counters + tf.cast(masks[name], counters.dtype)
+    for name, value in (values or {}).items():
+        counters = tf.where(masks[name], tf.cast(value, counters.dtype), counters)
+    return counters
 
 
 def per_component(plan, values) -> tf.Tensor:
@@ -71,9 +129,12 @@ def per_component(plan, values) -> tf.Tensor:
     return tf.gather(tf.convert_to_tensor(values), [c.entry for c in plan.components])
 
 
-def write(plan, variable, values) -> None:
-    """Writes each component's value (`values`) into every entry of `variable` it holds."""
-    variable.assign(_with_values(plan, tf.convert_to_tensor(variable), values))
+def write(plan, state, name: str, values) -> None:
+    """Writes each component's value (`values`) into every entry of row `name` it holds."""
+    table = tf.convert_to_tensor(state.per_scale)
+    index = PER_SCALE.index(name)
+    new_row = _with_values(plan, table[index], tf.cast(values, table.dtype))
+    state.per_scale.assign(tf.tensor_scatter_nd_update(table, [[index]], new_row[None]))
 
 
 def assign_scales(state, plan, new) -> None:
@@ -93,7 +154,8 @@ def _with_values(plan, vector, values) -> tf.Tensor:
 def headroom_of(state, plan) -> policies.Headroom:
     """The headroom each component learned from overflows."""
     return policies.Headroom(
-        per_component(plan, state.headroom), per_component(plan, state.headroom_since)
+        per_component(plan, row(state, "headroom")),
+        per_component(plan, row(state, "headroom_since")),
     )
 
 
@@ -110,8 +172,8 @@ def choose_scales(state, plan, statistics, finite, step) -> tf.Tensor:
 def record_measurement(state, plan, statistics, gradients) -> None:
     """Notes which scales now come from a measurement, and the underflow (telemetry)."""
     informed = tf.logical_and(tf.math.is_finite(statistics.amax), tf.logical_not(statistics.silent))
-    was = per_component(plan, state.measured)
-    write(plan, state.measured, tf.where(informed, tf.ones_like(was), was))
+    was = per_component(plan, row(state, "measured"))
+    write(plan, state, "measured", tf.where(informed, tf.ones_like(was), was))
     if not state.estimate_underflow:
         return
     subnormal, zero = _telemetry.underflow(
@@ -119,10 +181,13 @@ def record_measurement(state, plan, statistics, gradients) -> None:
         statistics,
         gradients.weight_grads,
         gradients.float16,
-        before=(per_component(plan, state.underflow_rates), per_component(plan, state.zero_rates)),
+        before=(
+            per_component(plan, row(state, "underflow_rates")),
+            per_component(plan, row(state, "zero_rates")),
+        ),
     )
-    write(plan, state.underflow_rates, subnormal)
-    write(plan, state.zero_rates, zero)
+    write(plan, state, "underflow_rates", subnormal)
+    write(plan, state, "zero_rates", zero)
 
 
 def learn_from_overflow(state, plan, reached, step) -> None:
@@ -136,7 +201,7 @@ def learn_from_overflow(state, plan, reached, step) -> None:
     assign_scales(state, plan, scales)
     reached_below = tf.linalg.matvec(plan.downstream_matrix(), tf.cast(reached, tf.float32)) > 0
     origin = tf.logical_and(reached, tf.logical_not(reached_below))
-    measured = per_component(plan, state.measured) > 0
+    measured = per_component(plan, row(state, "measured")) > 0
     headroom = policies.after_overflow(
         headroom_of(state, plan),
         reached=tf.logical_and(reached, measured),
@@ -144,12 +209,12 @@ def learn_from_overflow(state, plan, reached, step) -> None:
         step=step,
         measured=measured,
     )
-    write(plan, state.headroom, headroom.binades)
-    write(plan, state.headroom_since, headroom.since)
-    counts = per_component(plan, state.overflow_counts)
-    write(plan, state.overflow_counts, counts + tf.cast(origin, counts.dtype))
-    last = per_component(plan, state.last_overflow_step)
-    write(plan, state.last_overflow_step, tf.where(origin, tf.fill(tf.shape(last), step), last))
+    write(plan, state, "headroom", headroom.binades)
+    write(plan, state, "headroom_since", headroom.since)
+    counts = per_component(plan, row(state, "overflow_counts"))
+    write(plan, state, "overflow_counts", counts + tf.cast(origin, counts.dtype))
+    last = per_component(plan, row(state, "last_overflow_step"))
+    write(plan, state, "last_overflow_step", tf.where(origin, tf.fill(tf.shape(last), step), last))
 
 
 def _entries_of(plan) -> tuple[list[list[int]], list[int]]:

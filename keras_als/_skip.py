@@ -1,8 +1,8 @@
 """Applying a step's gradients, or skipping the step.
 
 A skipped step changes no weight and no slot of the inner optimizer; it
-counts in the optimizer's `skipped_steps`, `skipped_in_a_row` and
-`recent_skips` window (the telemetry) and runs `on_skip`.
+counts in the optimizer's counters (`skipped_steps`, `skipped_in_a_row` and
+the recent skips window, for the telemetry) and runs `on_skip`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
+from keras_als import _scale_state
 from keras_als._keras_private import strategy_supports_no_merge_call
-from keras_als._telemetry import SKIP_WINDOW
 
 
 def step_number(optimizer) -> tf.Tensor:
@@ -27,28 +27,26 @@ def apply_if_finite(
 ) -> None:
     """Applies `grads` with `optimizer.inner_optimizer` if `finite`, else skips the step.
 
-    Both branches hold elementwise updates only (the skip window is written
-    with a select, not a scatter), and `on_skip` runs in a conditional of its
-    own after them: XLA can then compile the apply-or-skip conditional into
-    selects over the elementwise update, as it does for Keras's
-    LossScaleOptimizer, which runs faster on a CPU than a conditional (a
-    gather, scatter or matrix product in a branch, as learning from an
-    overflow has, keeps the conditional).
+    Both branches hold elementwise updates only (the counters are written
+    through masks made before the conditional, not by a scatter), and
+    `on_skip` runs in a conditional of its own after them: XLA can then
+    compile the apply-or-skip conditional into selects over the elementwise
+    update, as it does for Keras's LossScaleOptimizer, which runs faster on a
+    CPU than a conditional (a gather, scatter or matrix product in a branch,
+    as learning from an overflow has, keeps the conditional).
     """
-    this_step = tf.range(SKIP_WINDOW) == tf.cast(step, "int32") % SKIP_WINDOW
-
-    def note(skipped):
-        window = optimizer.recent_skips
-        window.assign(tf.where(this_step, tf.cast(skipped, window.dtype), window))
+    masks = _scale_state.counter_masks(optimizer, step)
 
     def applied():
-        note(0)
-        optimizer.skipped_in_a_row.assign(0)
+        zero = ("skipped_in_a_row", "window")
+        optimizer.counters.assign(_scale_state.counters_with(optimizer, masks, zero=zero))
 
     def skip_step():
-        optimizer.skipped_steps.assign_add(1)
-        optimizer.skipped_in_a_row.assign_add(1)
-        note(1)
+        counted = ("skipped_steps", "skipped_in_a_row")
+        counters = _scale_state.counters_with(
+            optimizer, masks, increment=counted, values={"window": 1}
+        )
+        optimizer.counters.assign(counters)
 
     def apply_step():
         optimizer.inner_optimizer.apply(grads, trainable_variables=variables)

@@ -23,13 +23,15 @@ FLUSH_PROPAGATION = 8
 
 def read(optimizer) -> dict:
     """`optimizer.telemetry()`'s dict (see there), without warning."""
+    from keras_als import _scale_state  # which imports this module
+
     built = optimizer.built
     names = ["loss", *optimizer._scale_names] if built else ["loss"]
 
     def per_layer(name, kind, default):
         if not built:
             return {"loss": default}
-        values = keras.ops.convert_to_numpy(getattr(optimizer, name))
+        values = keras.ops.convert_to_numpy(_scale_state.row(optimizer, name))
         return {n: kind(v) for n, v in zip(names, values)}
 
     steps = skipped = in_a_row = 0
@@ -37,9 +39,11 @@ def read(optimizer) -> dict:
     if built:
         skipped = int(keras.ops.convert_to_numpy(optimizer.skipped_steps))
         steps = int(keras.ops.convert_to_numpy(optimizer.iterations)) + skipped
-        window = keras.ops.convert_to_numpy(optimizer.recent_skips)
+        window = keras.ops.convert_to_numpy(_scale_state.recent_skips(optimizer))
         recent = float(window.sum()) / max(1, min(steps, SKIP_WINDOW))
-        in_a_row = int(keras.ops.convert_to_numpy(optimizer.skipped_in_a_row))
+        in_a_row = int(
+            keras.ops.convert_to_numpy(_scale_state.counter(optimizer, "skipped_in_a_row"))
+        )
     telemetry = {
         "scale": optimizer.layer_scales(),
         "headroom": per_layer("headroom", float, 0.0),

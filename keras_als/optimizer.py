@@ -131,6 +131,16 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         loss = tf.reshape(tf.convert_to_tensor(self.dynamic_scale), [1])
         return tf.concat([loss, tf.convert_to_tensor(self._layer_scales)], axis=0)
 
+    @property
+    def skipped_steps(self) -> tf.Tensor:
+        """Steps skipped so far (`iterations` counts the applied ones); after `build`."""
+        return _scale_state.counter(self, "skipped_steps")
+
+    @property
+    def steps_since_measured(self) -> tf.Tensor:
+        """Finite steps since the scales were last measured; after `build`."""
+        return _scale_state.counter(self, "steps_since_measured")
+
     def layer_scales(self) -> dict[str, float]:
         """The current scales: `"loss"` and one per wrapped layer, by layer name.
 

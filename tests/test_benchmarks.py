@@ -173,6 +173,15 @@ def _real_model_row(als_after_50, step_ratio=1.02, breakdown=None):
     return row
 
 
+def test_breakdown_with_several_instances_gives_each_ratio_its_standard_error():
+    from benchmarks import real_models
+
+    row = _real_model_row(1, breakdown={"keras": 4.0, "keras_als": 4.1})
+    row["breakdown_se"], row["breakdown_instances"] = {"keras": 0.0, "keras_als": 0.0125}, 3
+    text = real_models.markdown({"batch": 8, "models": {"m": row}})
+    assert "| m | 4.00 (1.000x ± 0.000), 3 instances each | - | 4.10 (1.025x ± 0.013) |" in text
+
+
 def test_real_model_targets_allow_one_skip_per_1000_steps_after_the_first_50():
     from benchmarks import real_models
 
@@ -193,8 +202,8 @@ def test_real_model_table_gives_each_ablation_as_ms_and_a_ratio_to_keras():
     }
     text = real_models.markdown({"batch": 8, "models": {"m": _real_model_row(1, breakdown=ms)}})
     assert (
-        "| m | 5.00 (1.00x) | - | 6.00 (1.20x) | 5.50 (1.10x) | 5.10 (1.02x) | - | 5.20 (1.04x) |"
-        in text
+        "| m | 5.00 (1.000x) | - | 6.00 (1.200x) | - | 5.50 (1.100x) | 5.10 (1.020x) | - "
+        "| 5.20 (1.040x) |" in text
     )
     assert "| m | 1050 | 6 / 3 | 1 / 1 | 1.020x | 1.200x (10.0 / 12.0) | 5.0 / 6.0 |" in text
 

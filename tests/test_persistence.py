@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
+from keras_als import _scale_state
 from tests import models
 
 SCRIPT = pathlib.Path(__file__).parent / "persistence" / "killed_run.py"
@@ -55,7 +56,9 @@ def test_tf_checkpoint_restores_every_scale_and_the_skip_count(tmp_path):
     layers = optimizer._layer_scales.shape[0]
     optimizer._layer_scales.assign([2.0 ** (3 + 5 * i) for i in range(layers)])
     optimizer.dynamic_scale.assign(2.0**-7)
-    optimizer.skipped_steps.assign(4)
+    counters = optimizer.counters.numpy()
+    counters[_scale_state.COUNTERS.index("skipped_steps")] = 4
+    optimizer.counters.assign(counters)
     saved = optimizer.layer_scales()
     path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(str(tmp_path / "ckpt"))
 
