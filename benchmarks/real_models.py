@@ -3,8 +3,10 @@
 The models users train, not ones written here: keras.applications MobileNetV2
 and ResNet50V2 (`weights=None`, 32x32 inputs) and tiny KerasHub GPT-2 and BERT
 backbones built from their constructors (no download), each under a small head
-with float32 outputs. The test suite (`tests/test_real_models.py`) and the
-benchmark's real-model section build them from here.
+with float32 outputs; and, to show the fixes hold beyond those four, more models
+of the same families (`OTHER_FAMILIES`). The test suite
+(`tests/test_real_models.py`) and the benchmark's real-model section build them
+from here.
 
 `python -m benchmarks.real_models [--steps N] [--models a,b] [--parts PARTS]`
 (parts: skips, cost, step, breakdown, graph) trains each model under
@@ -90,8 +92,7 @@ def gpt2_tiny() -> keras.Model:
     """A two-block KerasHub GPT-2 backbone, mean-pooled, 2 classes."""
     import keras_hub
 
-    backbone = keras_hub.models.GPT2Backbone(**TINY_BACKBONE)
-    return _text_head(backbone, keras.layers.GlobalAveragePooling1D()(backbone(backbone.input)))
+    return mean_pooled(keras_hub.models.GPT2Backbone(**TINY_BACKBONE))
 
 
 def bert_tiny() -> keras.Model:
@@ -115,11 +116,67 @@ MODELS = {
 }
 
 
+def _application(name: str) -> keras.Model:
+    base = getattr(keras.applications, name)(
+        weights=None, include_top=False, input_shape=(32, 32, 3)
+    )
+    return _image_head(base)
+
+
+def _text_backbone(name: str) -> keras.Model:
+    import keras_hub
+
+    size = {k: v for k, v in TINY_BACKBONE.items() if k != "num_heads"}
+    if name == "GemmaBackbone":  # no position table; grouped-query attention
+        del size["max_sequence_length"]
+        size.update(num_query_heads=2, num_key_value_heads=1, head_dim=16)
+    else:
+        size["num_heads"] = TINY_BACKBONE["num_heads"]
+    return mean_pooled(getattr(keras_hub.models, name)(**size))
+
+
+def mean_pooled(backbone: keras.Model) -> keras.Model:
+    """A KerasHub text backbone, its sequence output mean-pooled, 2 classes."""
+    sequence = backbone(backbone.input)
+    if isinstance(sequence, dict):
+        sequence = sequence["sequence_output"]
+    return _text_head(backbone, keras.layers.GlobalAveragePooling1D()(sequence))
+
+
+OTHER_FAMILIES = {
+    "efficientnet_b0": lambda: _application("EfficientNetB0"),
+    "densenet121": lambda: _application("DenseNet121"),
+    "convnext_tiny": lambda: _application("ConvNeXtTiny"),
+    "mobilenet_v3_small": lambda: _application("MobileNetV3Small"),
+    "distilbert_tiny": lambda: _text_backbone("DistilBertBackbone"),
+    "roberta_tiny": lambda: _text_backbone("RobertaBackbone"),
+    "opt_tiny": lambda: _text_backbone("OPTBackbone"),
+    "gemma_tiny": lambda: _text_backbone("GemmaBackbone"),
+}
+"""More models of the same families (32x32 images under the same head; tiny
+text backbones, mean-pooled): the fixes must hold beyond the four above.
+`--models` takes them too; the table shows their skipped steps apart."""
+
+_IMAGE_MODELS = {"mobilenet_v2", "resnet50_v2"} | {
+    name for name in OTHER_FAMILIES if not name.endswith("_tiny")
+}
+
+
+def builder(name: str):
+    """The function that builds model `name` (of `MODELS` or `OTHER_FAMILIES`)."""
+    if name in MODELS:
+        return MODELS[name]
+    if name in OTHER_FAMILIES:
+        return OTHER_FAMILIES[name]
+    known = ", ".join([*MODELS, *OTHER_FAMILIES])
+    raise ValueError(f"Unknown model {name!r}: choose from {known}.")
+
+
 def data(name: str, batches: int, seed: int = 0):
     """`batches` batches of inputs and labels for model `name` (fixed by `seed`)."""
     rng = np.random.default_rng(seed)
     n = batches * BATCH
-    if name in ("mobilenet_v2", "resnet50_v2"):
+    if name in _IMAGE_MODELS:
         return rng.normal(size=(n, 32, 32, 3)).astype("float32"), rng.integers(0, 10, n)
     x = {
         "token_ids": rng.integers(1, VOCABULARY, size=(n, SEQUENCE)).astype("int32"),
@@ -150,7 +207,7 @@ def build(
     variables of its own every step (the breakdown's ablations)."""
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(seed)
-    model = MODELS[name]()
+    model = builder(name)()
     if wrap is None:
         wrap = method == "keras_als"
     if wrap:
@@ -542,6 +599,8 @@ def markdown(results: dict) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in results["models"].items():
+        if "compile_seconds" not in row:
+            continue  # skipped steps only: the table below
         compiled, traced = row["compile_seconds"], row["without_xla_seconds"]
         lines.append(
             f"| {name} | {row['steps']} | {row['keras']['first_50']} / "
@@ -552,6 +611,25 @@ def markdown(results: dict) -> str:
             f"| {row['memory_ratio']:.3f}x | {', '.join(missed(row)) or 'none'} |"
         )
     models = results["models"]
+    others = [n for n, row in models.items() if "steps" in row and "compile_seconds" not in row]
+    if others:
+        lines += [
+            "",
+            "Skipped steps alone (`--parts skips`), on more models of the same families "
+            "(`OTHER_FAMILIES`: keras.applications models at 32x32 under the same head, "
+            "tiny KerasHub backbones mean-pooled):",
+            "",
+            "| model | steps | skipped in first 50 (Keras / keras_als) | skipped after "
+            "(Keras / keras_als) | targets missed |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name in others:
+            row = models[name]
+            lines.append(
+                f"| {name} | {row['steps']} | {row['keras']['first_50']} / "
+                f"{row['keras_als']['first_50']} | {row['keras']['after_50']} / "
+                f"{row['keras_als']['after_50']} | {', '.join(missed(row)) or 'none'} |"
+            )
     broken_down = {n: r["breakdown_ms"] for n, r in models.items() if "breakdown_ms" in r}
     if broken_down:
         lines += [
@@ -591,7 +669,11 @@ def markdown(results: dict) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1050, help="training steps for skips")
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"comma-separated; also any of {', '.join(OTHER_FAMILIES)}",
+    )
     parser.add_argument(
         "--parts",
         default="skips,cost",
@@ -627,7 +709,10 @@ def main(argv=None) -> None:
             results = json.load(f)
     except FileNotFoundError:
         results = {"batch": BATCH, "models": {}}
-    for name in args.models.split(","):
+    names = args.models.split(",")
+    for name in names:
+        builder(name)  # an unknown name fails before any run
+    for name in names:
         row = results["models"].setdefault(name, {})
         if "skips" in parts:
             for method in ("keras", "keras_als"):
@@ -686,7 +771,8 @@ def main(argv=None) -> None:
         print(f"{name:14s} targets missed: {', '.join(missed(row)) or 'none'}", flush=True)
         with open(args.out + ".json", "w") as f:
             json.dump(results, f, indent=1)
-    if all("steps" in row and "without_xla_seconds" in row for row in results["models"].values()):
+    rows = results["models"]
+    if all("steps" in rows.get(n, {}) and "without_xla_seconds" in rows[n] for n in MODELS):
         text = markdown(results)
         with open(args.out + ".md", "w") as f:
             f.write(text)

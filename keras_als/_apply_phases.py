@@ -141,7 +141,7 @@ def count_until_measuring(optimizer, finite, unsettled) -> None:
     counted = (optimizer.steps_since_measured + 1) % optimizer.measure_every_n_steps
     again = tf.logical_or(tf.logical_not(finite), unsettled)
     since = tf.where(again, tf.zeros_like(counted), counted)
-    masks = _scale_state.counter_masks(optimizer, 0.0)
+    masks = _scale_state.counter_masks(optimizer)
     values = {"steps_since_measured": since}
     counters = _scale_state.counters_with(optimizer, masks, values=values)
     optimizer.counters.assign(counters)

@@ -87,17 +87,19 @@ def recent_skips(state) -> tf.Tensor:
     return tf.convert_to_tensor(state.counters)[len(COUNTERS) :]
 
 
-def counter_masks(state, step) -> dict[str, tf.Tensor]:
+def counter_masks(state, step=None) -> dict[str, tf.Tensor]:
     """Boolean masks over the optimizer's counters: one per name in `COUNTERS`,
-    and `"window"` for this step's entry (`step` modulo `SKIP_WINDOW`) of the
-    recent skips window. Made outside the conditional that writes the
+    and, when `step` is given, `"window"` for this step's entry (`step` modulo
+    `SKIP_WINDOW`) of the recent skips window. Made outside the conditional that writes the
     counters (`counters_with`): with these comparisons inside it, XLA kept the
     conditional rather than turning it into selects (`tests/test_optimizer.py`
     reads the optimized HLO)."""
     dtype = state.counters.dtype
     index = tf.range(state.counters.shape[0], dtype=dtype)
     masks = {name: index == i for i, name in enumerate(COUNTERS)}
-    masks["window"] = index == len(COUNTERS) + tf.cast(step, dtype) % SKIP_WINDOW
+    if step is not None:
+        window_index = len(COUNTERS) + tf.cast(step, dtype) % SKIP_WINDOW
+        masks["window"] = index == window_index
     return masks
 
 

@@ -241,3 +241,28 @@ def test_a_step_ratio_below_the_target_by_less_than_two_standard_errors_is_at_th
     assert real_models.missed({**row, "step_ratio_se": 0.003}) == ["step_time at the line"]
     assert real_models.missed({**row, "step_ratio_se": 0.002}) == []
     assert real_models.missed({**row, "step_ratio": 1.04, "step_ratio_se": 0.1}) == ["step_time"]
+
+
+def test_models_measured_for_skipped_steps_alone_get_a_table_of_their_own():
+    from benchmarks import real_models
+
+    skips_only = {
+        "steps": 1050,
+        "keras": {"first_50": 4, "after_50": 0},
+        "keras_als": {"first_50": 5, "after_50": 2},
+    }
+    results = {"batch": 8, "models": {"m": _real_model_row(1), "convnext_tiny": skips_only}}
+    text = real_models.markdown(results)
+    main_table, other_table = text.split("Skipped steps alone")
+    assert "| m | 1050 | 6 / 3 |" in main_table and "convnext_tiny" not in main_table
+    assert "| convnext_tiny | 1050 | 4 / 5 | 0 / 2 | skips_first_50, skips_after_50 |" in (
+        other_table
+    )
+
+
+def test_an_unknown_real_model_name_is_an_error_that_lists_the_known_ones():
+    from benchmarks import real_models
+
+    assert real_models.builder("convnext_tiny") is real_models.OTHER_FAMILIES["convnext_tiny"]
+    with pytest.raises(ValueError, match="Unknown model 'resnet18'.*gpt2_tiny.*gemma_tiny"):
+        real_models.builder("resnet18")

@@ -223,53 +223,13 @@ def test_mixed_float16_training_skips_no_more_steps_than_keras(name):
     assert all(np.isfinite(losses["keras_als"]))
 
 
-def _text_model(backbone):
-    sequence = backbone(backbone.input)
-    if isinstance(sequence, dict):
-        sequence = sequence["sequence_output"]
-    return real_models._text_head(backbone, keras.layers.GlobalAveragePooling1D()(sequence))
-
-
-def _other_family(name):
-    """More models of the same families than the benchmark's four."""
-    import keras_hub
-
-    tiny = dict(vocabulary_size=128, num_layers=2, hidden_dim=32, intermediate_dim=64)
-    if name in ("EfficientNetB0", "DenseNet121", "ConvNeXtTiny", "MobileNetV3Small"):
-        base = getattr(keras.applications, name)(
-            weights=None, include_top=False, input_shape=(32, 32, 3)
-        )
-        return real_models._image_head(base)
-    if name == "GemmaBackbone":
-        backbone = keras_hub.models.GemmaBackbone(
-            **tiny, num_query_heads=2, num_key_value_heads=1, head_dim=16
-        )
-    else:
-        backbone = getattr(keras_hub.models, name)(
-            **tiny, num_heads=2, max_sequence_length=real_models.SEQUENCE
-        )
-    return _text_model(backbone)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name",
-    [
-        "EfficientNetB0",
-        "DenseNet121",
-        "ConvNeXtTiny",
-        "MobileNetV3Small",
-        "DistilBertBackbone",
-        "RobertaBackbone",
-        "OPTBackbone",
-        "GemmaBackbone",
-    ],
-)
+@pytest.mark.parametrize("name", sorted(real_models.OTHER_FAMILIES))
 def test_other_models_of_the_same_families_wrap_with_every_weight_and_output_equal(name):
     """Wrapped, each copies every weight bit for bit and computes outputs equal to
     the original's (exactly: the boundaries are identities forward)."""
     keras.utils.set_random_seed(0)
-    model = _other_family(name)
+    model = real_models.OTHER_FAMILIES[name]()
     wrapped = keras_als.wrap_model(model)
     assert len(wrapped.weights) == len(model.weights)
     for original, copy in zip(model.weights, wrapped.weights):
@@ -301,7 +261,7 @@ def test_a_keras_hub_layer_whose_config_does_not_round_trip_is_named_by_wrap_mod
         hidden_dim=32,
         intermediate_dim=64,
     )
-    model = _text_model(backbone)
+    model = real_models.mean_pooled(backbone)
     try:
         keras.models.clone_model(backbone)
     except Exception:
