@@ -234,12 +234,7 @@ def test_other_models_of_the_same_families_wrap_with_every_weight_and_output_equ
     assert len(wrapped.weights) == len(model.weights)
     for original, copy in zip(model.weights, wrapped.weights):
         np.testing.assert_array_equal(np.asarray(copy), np.asarray(original))
-    if isinstance(model.input, dict):
-        rng = np.random.default_rng(0)
-        x = {key: np.ones((2, real_models.SEQUENCE), "int32") for key in model.input}
-        x["token_ids"] = rng.integers(1, 128, size=(2, real_models.SEQUENCE)).astype("int32")
-    else:
-        x = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+    x, _ = real_models.data(name, batches=1)  # the benchmark's inputs for this model
     np.testing.assert_array_equal(_outputs(wrapped, x), _outputs(model, x))
 
 
