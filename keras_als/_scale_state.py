@@ -37,6 +37,7 @@ PER_SCALE = (
     "last_overflow_step",  # ... and the last one's step (-1: none)
     "underflow_rates",  # telemetry: float16 subnormal share ...
     "zero_rates",  # ... and exact zero share
+    "safe_scale",  # the scale of the last measuring step, which was finite (MAX_SCALE: none)
 )
 """The rows of the optimizer's `per_scale` variable (float32; counts and flags
 are exact integers in it)."""
@@ -63,7 +64,8 @@ def declare(state, layers: int) -> None:
         )
 
     state._layer_scales = variable("layer_scales", shape=(layers,))
-    initial = [[-1.0 if row == "last_overflow_step" else 0.0] for row in PER_SCALE]
+    first = {"last_overflow_step": -1.0, "safe_scale": policies.MAX_SCALE}
+    initial = [[first.get(row, 0.0)] for row in PER_SCALE]
     state.per_scale = variable("per_scale", "float32", initial, shape=(len(PER_SCALE), layers + 1))
     state.counters = variable("counters", "int", 0, shape=(len(COUNTERS) + SKIP_WINDOW,))
     # LossScaleOptimizer's own state, with the aggregation above: the loss's
@@ -165,8 +167,11 @@ def choose_scales(state, plan, statistics, finite, step) -> tf.Tensor:
     """The policy's next scales, with the headroom left at `step`; assigns them."""
     headroom = policies.headroom_at(headroom_of(state, plan), step)
     new = policies.next_scale(state.policy, statistics, plan.scales, headroom)
+    safe = plan.scales
     if _statistics.several_replicas():  # this runs on skipped steps too
         new = tf.where(finite, new, per_component(plan, state.scale_vector()))
+        safe = tf.where(finite, safe, per_component(plan, row(state, "safe_scale")))
+    write(plan, state, "safe_scale", safe)
     assign_scales(state, plan, new)
     return new
 
@@ -193,13 +198,15 @@ def record_measurement(state, plan, statistics, gradients) -> None:
 
 
 def learn_from_overflow(state, plan, reached, step) -> None:
-    """On a skipped step: every component the overflow reached backs off; where
-    it started (reached, and nothing downstream was) the measured scales gain
-    headroom and the other measured ones rise to at least one step of it
-    (`policies.after_overflow`); telemetry notes the origin."""
-    scales = policies.power_of_two_floor(
-        tf.where(reached, plan.scales * policies.BACKOFF, plan.scales)
-    )
+    """On a skipped step: every component the overflow reached backs off, by
+    `BACKOFF` and at least to the scale of its last measuring step (finite),
+    so a scale that the last measurement raised far returns at once to one
+    that held (`policies.back_off`); where the overflow started (reached, and
+    nothing downstream was) the measured scales gain headroom and the other
+    measured ones rise to at least one step of it (`policies.after_overflow`);
+    telemetry notes the origin."""
+    safe = per_component(plan, row(state, "safe_scale"))
+    scales = tf.where(reached, policies.back_off(plan.scales, safe), plan.scales)
     assign_scales(state, plan, scales)
     reached_below = tf.linalg.matvec(plan.downstream_matrix(), tf.cast(reached, tf.float32)) > 0
     origin = tf.logical_and(reached, tf.logical_not(reached_below))

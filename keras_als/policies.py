@@ -326,6 +326,28 @@ class Fixed:
 Policy = MaxSafe | ApproxRange | Fixed
 
 
+def back_off(scale: tf.Tensor, safe_scale: tf.Tensor) -> tf.Tensor:
+    """The scale after an overflow reached a component: `BACKOFF` times lower,
+    and no higher than `safe_scale`, the scale of its last finite measuring
+    step. A measurement can raise a scale by many binades (gradients far below
+    float16's range); when the next steps' gradients grow as far (ConvNeXt's
+    layer scales start at 1e-6, and Adam's first update moves them by its
+    learning rate), backing off by `BACKOFF` alone would take a skipped step
+    per `BACKOFF`, and returning to the scale that held takes one.
+
+        scale = power_of_two_floor(min(scale * BACKOFF, safe_scale))
+
+    Example:
+
+    >>> back_off(np.array([2.0**30, 2.0**20], np.float32),
+    ...          np.array([2.0**15, 2.0**20], np.float32)).numpy()  # raised far; steady
+    array([32768., 65536.], dtype=float32)
+    """
+    scale = tf.convert_to_tensor(scale, tf.float32)
+    safe_scale = tf.convert_to_tensor(safe_scale, tf.float32)
+    return power_of_two_floor(tf.minimum(scale * BACKOFF, safe_scale))
+
+
 class Headroom(NamedTuple):
     """Headroom learned from overflows, per component (the state of `after_overflow`).
 

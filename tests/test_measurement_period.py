@@ -157,3 +157,24 @@ def test_settling_means_a_scale_moved_by_sixteen_or_more(old, new, moved):
     assert _apply_phases.SETTLING == 16.0
     result = _apply_phases._moved_far(tf.constant(old), tf.constant(new))
     assert bool(result.numpy()) is moved
+
+
+def test_an_overflow_right_after_a_measurement_raised_the_scales_far_returns_them_at_once():
+    # Gradients of ~2**-20 at scale 1: the first measurement raises the layers'
+    # scales by about 2**20. The next step's gradients are 2**20 times larger
+    # (as when Adam's first update moves a parameter initialised at 1e-6 by
+    # its learning rate): it overflows. Backing off by BACKOFF alone would
+    # take about five skipped steps; returning to the scales of the measuring
+    # step, which was finite, takes one.
+    optimizer, factor, step = _setup(1, initial_scale=1.0)
+    factor.assign(2.0**-20)
+    step()  # measured at scale 1 everywhere, and finite
+    raised = optimizer.layer_scales()
+    float16_layers = list(raised)[1:3]  # after the float32 head's ("loss")
+    assert all(raised[name] >= 2.0**16 for name in float16_layers), raised
+    factor.assign(1.0)
+    step()
+    assert int(optimizer.skipped_steps.numpy()) == 1
+    after = optimizer.layer_scales()
+    assert [after[name] for name in float16_layers] == [1.0, 1.0], (raised, after)
+    assert _skipped_until_recovered(optimizer, step) == 1

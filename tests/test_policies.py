@@ -238,6 +238,19 @@ def test_an_overflow_passing_a_component_that_holds_more_headroom_adds_none_to_i
     np.testing.assert_array_equal(h.since.numpy(), [1.0, 2.0, 2.0])
 
 
+def test_an_overflow_backs_off_by_backoff_and_at_least_to_the_last_finite_measured_scale():
+    """Steady (measured at 2**20, now 2**20): 2**16. Raised far by the last
+    measurement (2**15 then, 2**30 now): back to 2**15. Raised by less than
+    BACKOFF (2**19 then, 2**20 now): 2**16. Never measured (MAX_SCALE): 2**16.
+    A scale that is not a power of two (3 * 2**20) is floored: 2**17."""
+    scale = np.array([2.0**20, 2.0**30, 2.0**20, 2.0**20, 3 * 2.0**20], np.float32)
+    safe = np.array([2.0**20, 2.0**15, 2.0**19, policies.MAX_SCALE, 2.0**30], np.float32)
+    np.testing.assert_array_equal(
+        policies.back_off(scale, safe).numpy(), [2.0**16, 2.0**15, 2.0**16, 2.0**16, 2.0**17]
+    )
+    assert policies.BACKOFF == 2.0**-4
+
+
 def test_headroom_is_capped():
     h = _headroom([policies.MAX_HEADROOM - 1.0], [0.0])
     after = policies.after_overflow(h, np.array([True]), np.array([True]), 1.0)
