@@ -29,6 +29,7 @@ Targets (issue 12): skipped steps in the first 50 at most Keras's, and at most
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -67,8 +68,7 @@ def mobilenet_v2() -> keras.Model:
 
 def resnet50_v2() -> keras.Model:
     """ResNet50V2 on 32x32 images, 10 classes."""
-    base = keras.applications.ResNet50V2(weights=None, input_shape=(32, 32, 3), include_top=False)
-    return _image_head(base)
+    return _application("ResNet50V2")
 
 
 def _image_head(base: keras.Model) -> keras.Model:
@@ -117,6 +117,7 @@ MODELS = {
 
 
 def _application(name: str) -> keras.Model:
+    """keras.applications model `name` (`weights=None`, 32x32) under the image head."""
     base = getattr(keras.applications, name)(
         weights=None, include_top=False, input_shape=(32, 32, 3)
     )
@@ -124,14 +125,13 @@ def _application(name: str) -> keras.Model:
 
 
 def _text_backbone(name: str) -> keras.Model:
+    """KerasHub backbone `name`, of `TINY_BACKBONE`'s size, mean-pooled."""
     import keras_hub
 
-    size = {k: v for k, v in TINY_BACKBONE.items() if k != "num_heads"}
+    size = dict(TINY_BACKBONE)
     if name == "GemmaBackbone":  # no position table; grouped-query attention
-        del size["max_sequence_length"]
+        del size["num_heads"], size["max_sequence_length"]
         size.update(num_query_heads=2, num_key_value_heads=1, head_dim=16)
-    else:
-        size["num_heads"] = TINY_BACKBONE["num_heads"]
     return mean_pooled(getattr(keras_hub.models, name)(**size))
 
 
@@ -143,28 +143,27 @@ def mean_pooled(backbone: keras.Model) -> keras.Model:
     return _text_head(backbone, keras.layers.GlobalAveragePooling1D()(sequence))
 
 
+_OTHER_APPLICATIONS = {
+    "efficientnet_b0": "EfficientNetB0",
+    "densenet121": "DenseNet121",
+    "convnext_tiny": "ConvNeXtTiny",
+    "mobilenet_v3_small": "MobileNetV3Small",
+}
+_OTHER_BACKBONES = {
+    "distilbert_tiny": "DistilBertBackbone",
+    "roberta_tiny": "RobertaBackbone",
+    "opt_tiny": "OPTBackbone",
+    "gemma_tiny": "GemmaBackbone",
+}
 OTHER_FAMILIES = {
-    "efficientnet_b0": lambda: _application("EfficientNetB0"),
-    "densenet121": lambda: _application("DenseNet121"),
-    "convnext_tiny": lambda: _application("ConvNeXtTiny"),
-    "mobilenet_v3_small": lambda: _application("MobileNetV3Small"),
-    "distilbert_tiny": lambda: _text_backbone("DistilBertBackbone"),
-    "roberta_tiny": lambda: _text_backbone("RobertaBackbone"),
-    "opt_tiny": lambda: _text_backbone("OPTBackbone"),
-    "gemma_tiny": lambda: _text_backbone("GemmaBackbone"),
+    **{name: functools.partial(_application, c) for name, c in _OTHER_APPLICATIONS.items()},
+    **{name: functools.partial(_text_backbone, c) for name, c in _OTHER_BACKBONES.items()},
 }
 """More models of the same families (32x32 images under the same head; tiny
 text backbones, mean-pooled): the fixes must hold beyond the four above.
 `--models` takes them too; the table shows their skipped steps apart."""
 
-_IMAGE_MODELS = {
-    "mobilenet_v2",
-    "resnet50_v2",
-    "efficientnet_b0",
-    "densenet121",
-    "convnext_tiny",
-    "mobilenet_v3_small",
-}
+_IMAGE_MODELS = {"mobilenet_v2", "resnet50_v2", *_OTHER_APPLICATIONS}
 
 
 def builder(name: str):
