@@ -685,6 +685,12 @@ def main(argv=None) -> None:
         "time alone), breakdown (step-time ablation), "
         "graph (operations in the traced step)",
     )
+    parser.add_argument(
+        "--methods",
+        default="keras,keras_als",
+        help="whose skipped steps to measure; a method left out keeps its last row (Keras's "
+        "does not change with keras_als's code: same weights, batches and seed)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per compile")
     parser.add_argument(
         "--instances",
@@ -716,10 +722,21 @@ def main(argv=None) -> None:
     names = args.models.split(",")
     for name in names:
         builder(name)  # an unknown name fails before any run
+    methods = args.methods.split(",")
+    if not set(methods) <= {"keras", "keras_als"}:
+        raise ValueError(f"--methods takes keras, keras_als or both; got {args.methods!r}.")
+    kept = [m for m in ("keras", "keras_als") if m not in methods]
+    for name in names if "skips" in parts and kept else []:
+        row = results["models"].get(name, {})
+        if row.get("steps") != args.steps or any(m not in row for m in kept):
+            raise ValueError(
+                f"{name}: no row of {', '.join(kept)} with {args.steps} steps to keep; "
+                "measure both methods (--methods keras,keras_als)."
+            )
     for name in names:
         row = results["models"].setdefault(name, {})
         if "skips" in parts:
-            for method in ("keras", "keras_als"):
+            for method in methods:
                 keras.utils.clear_session()
                 trace = skip_trace(name, method, args.steps)
                 first = trace[min(49, len(trace) - 1)]

@@ -36,11 +36,12 @@ def run(optimizer, plan, grads: list, variables: list) -> None:
     gradients = group_and_unscale(plan, grads, variables, optimizer)
     finite, reached = check_finite(plan, gradients.weight_amax)
     step = _skip.step_number(optimizer)
+    updated = optimizer.iterations > 0  # before this step's update
     apply_or_skip(optimizer, plan, finite, reached, gradients.unscaled, variables, step)
     if not plan.built:
         return
     measuring = finite if plan.measuring is None else tf.logical_and(plan.measuring, finite)
-    unsettled = measure_and_choose(optimizer, plan, gradients, measuring, finite, step)
+    unsettled = measure_and_choose(optimizer, plan, gradients, measuring, finite, step, updated)
     if plan.measuring is not None:
         count_until_measuring(optimizer, finite, unsettled)
 
@@ -110,19 +111,20 @@ def apply_or_skip(optimizer, plan, finite, reached, unscaled, variables, step) -
     _forward_state.restore_unless(finite)
 
 
-def measure_and_choose(optimizer, plan, gradients, measuring, finite, step) -> tf.Tensor:
+def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, updated) -> tf.Tensor:
     """Phase 4: where `measuring`, measures this step's statistics, asks the
     policy for the next scales and records what was measured. Returns whether a
-    scale moved far (it is still settling)."""
+    scale moved far, or the policy asked it to (it is still settling): a
+    measurement before the first update (`updated` false) raises no scale."""
 
     def measured():
         statistics = _statistics.measure(plan, gradients.weight_amax, gradients.weight_grads)
         return _statistics.agree_across_replicas(statistics)
 
     def update(statistics):
-        new = _scale_state.choose_scales(optimizer, plan, statistics, finite, step)
+        proposed = _scale_state.choose_scales(optimizer, plan, statistics, finite, step, updated)
         _scale_state.record_measurement(optimizer, plan, statistics, gradients)
-        return _moved_far(plan.scales, new)
+        return _moved_far(plan.scales, proposed)
 
     if _statistics.several_replicas():
         # Replicas can neither gather nor assign inside a cond: only the

@@ -163,17 +163,20 @@ def headroom_of(state, plan) -> policies.Headroom:
     )
 
 
-def choose_scales(state, plan, statistics, finite, step) -> tf.Tensor:
-    """The policy's next scales, with the headroom left at `step`; assigns them."""
+def choose_scales(state, plan, statistics, finite, step, updated) -> tf.Tensor:
+    """The policy's next scales, with the headroom left at `step`, none of them
+    raised before the first update (`policies.rise_after_first_update`);
+    assigns them and returns the policy's proposal."""
     headroom = policies.headroom_at(headroom_of(state, plan), step)
-    new = policies.next_scale(state.policy, statistics, plan.scales, headroom)
+    proposed = policies.next_scale(state.policy, statistics, plan.scales, headroom)
+    new = policies.rise_after_first_update(proposed, plan.scales, updated)
     safe = plan.scales
     if _statistics.several_replicas():  # this runs on skipped steps too
         new = tf.where(finite, new, per_component(plan, state.scale_vector()))
         safe = tf.where(finite, safe, per_component(plan, row(state, "safe_scale")))
     write(plan, state, "safe_scale", safe)
     assign_scales(state, plan, new)
-    return new
+    return proposed
 
 
 def record_measurement(state, plan, statistics, gradients) -> None:

@@ -28,7 +28,9 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     from one component's scale to the next. `apply` divides each variable's
     gradient by the scale it was computed at, skips the step (touching no weight
     and no inner optimizer slot) if any gradient is not finite, and asks the
-    `policy` for the next scales from what this step measured.
+    `policy` for the next scales from what this step measured (before the first
+    update is applied no scale rises: gradients of the initial weights can grow
+    by orders of magnitude with it).
 
     On a skipped step every component the overflow reached backs off, and a
     component whose measured scale overflowed gains headroom for the spikes

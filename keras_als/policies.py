@@ -348,6 +348,33 @@ def back_off(scale: tf.Tensor, safe_scale: tf.Tensor) -> tf.Tensor:
     return power_of_two_floor(tf.minimum(scale * BACKOFF, safe_scale))
 
 
+def rise_after_first_update(proposed: tf.Tensor, scale: tf.Tensor, updated) -> tf.Tensor:
+    """The scales to use: `proposed`, but none above `scale` before the first
+    update. A measurement before any update was applied saw the gradients of
+    the weights as initialised, which one update can move by orders of
+    magnitude: Adam moves every weight by about its learning rate, a
+    thousandfold for ConvNeXt's layer scales (initialised at `1e-6`), and the
+    gradients of the layers below them grow as much. Such a measurement may
+    lower a scale (a gradient that the first guess overflows soon), not raise
+    it; the next step measures again, one update later.
+
+        scale = proposed              once updated
+        scale = min(proposed, scale)  before
+
+    Example:
+
+    >>> proposed = np.array([2.0**30, 2.0**10], np.float32)
+    >>> scale = np.array([2.0**15, 2.0**15], np.float32)
+    >>> rise_after_first_update(proposed, scale, updated=False).numpy()
+    array([32768.,  1024.], dtype=float32)
+    >>> rise_after_first_update(proposed, scale, updated=True).numpy()
+    array([1.0737418e+09, 1.0240000e+03], dtype=float32)
+    """
+    proposed = tf.convert_to_tensor(proposed, tf.float32)
+    scale = tf.convert_to_tensor(scale, tf.float32)
+    return tf.where(tf.convert_to_tensor(updated, tf.bool), proposed, tf.minimum(proposed, scale))
+
+
 class Headroom(NamedTuple):
     """Headroom learned from overflows, per component (the state of `after_overflow`).
 

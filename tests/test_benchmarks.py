@@ -266,3 +266,15 @@ def test_an_unknown_real_model_name_is_an_error_that_lists_the_known_ones():
     assert real_models.builder("convnext_tiny") is real_models.OTHER_FAMILIES["convnext_tiny"]
     with pytest.raises(ValueError, match="Unknown model 'resnet18'.*gpt2_tiny.*gemma_tiny"):
         real_models.builder("resnet18")
+
+
+def test_measuring_one_methods_skips_keeps_the_others_row_or_says_there_is_none(tmp_path):
+    from benchmarks import real_models
+
+    out = str(tmp_path / "real_models")
+    with pytest.raises(ValueError, match="--methods takes keras, keras_als or both"):
+        real_models.main(["--parts", "skips", "--methods", "als", "--out", out])
+    with pytest.raises(ValueError, match="no row of keras with 3 steps to keep"):
+        real_models.main(
+            ["--parts", "skips", "--methods", "keras_als", "--steps", "3", "--out", out]
+        )

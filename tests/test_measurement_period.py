@@ -168,6 +168,7 @@ def test_an_overflow_right_after_a_measurement_raised_the_scales_far_returns_the
     # step, which was finite, takes one.
     optimizer, factor, step = _setup(1, initial_scale=1.0)
     factor.assign(2.0**-20)
+    step()  # weights as initialised: the measurement only lowers scales
     step()  # measured at scale 1 everywhere, and finite
     raised = optimizer.layer_scales()
     float16_layers = list(raised)[1:3]  # after the float32 head's ("loss")
@@ -178,3 +179,46 @@ def test_an_overflow_right_after_a_measurement_raised_the_scales_far_returns_the
     after = optimizer.layer_scales()
     assert [after[name] for name in float16_layers] == [1.0, 1.0], (raised, after)
     assert _skipped_until_recovered(optimizer, step) == 1
+
+
+class _LayerScale(keras.layers.Layer):
+    """ConvNeXt's layer scale: the input times a vector initialised at 1e-6."""
+
+    def build(self, input_shape):
+        self.gamma = self.add_weight(
+            shape=(input_shape[-1],), initializer=keras.initializers.Constant(1e-6)
+        )
+
+    def call(self, inputs):
+        return inputs * keras.ops.cast(self.gamma, inputs.dtype)
+
+
+def test_no_scale_rises_before_the_first_update_so_weights_initialised_near_zero_do_not_overflow():
+    # The dense layer's gradients pass through a layer scale of 1e-6 (ConvNeXt's
+    # init): at the initial weights they are ~2**-20 of their size one Adam
+    # update later, when the scale has moved by its learning rate, a thousandfold.
+    # A scale raised from the first step's gradients overflows on the second.
+    keras.utils.set_random_seed(0)
+    model = keras_als.wrap_model(
+        keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Dense(32, activation="tanh", name="dense"),
+                _LayerScale(name="layer_scale"),
+                keras.layers.Dense(1, dtype="float32", name="head"),
+            ]
+        )
+    )
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=True)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 8)).astype("float32")
+    y = rng.normal(size=(16, 1)).astype("float32")
+    model.train_on_batch(x, y)
+    first = optimizer.layer_scales()
+    assert max(first.values()) <= 2.0**15, first  # measured, and held at the initial scale
+    for _ in range(10):
+        model.train_on_batch(x, y)
+    assert int(optimizer.skipped_steps.numpy()) == 0, optimizer.telemetry()["overflows"]
+    # The rise came one step later: the dense layer's scale is far above the initial one.
+    assert optimizer.layer_scales()["dense"] >= 2.0**18, optimizer.layer_scales()

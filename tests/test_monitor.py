@@ -75,12 +75,14 @@ def test_underflow_estimate_is_high_where_the_scale_is_too_small(tmp_path):
     assert low.history["zeros/dense_1"][-1] > 0.5
     assert low.history["underflow/dense_1"][-1] > 5e-3
     assert low.history["underflow/dense_8"][-1] > 5e-3
-    # The first record is at the first guess (2**15 everywhere), where the
-    # bottom layers do underflow; once measured, nothing does.
-    assert adaptive.history["underflow/dense_13"][0] > 0.1  # the adaptive model's bottom
+    # The first two records are at the first guess (2**15 everywhere: the
+    # first step measures the initial weights' gradients and raises no
+    # scale), where the bottom layers do underflow; once measured after an
+    # update, nothing does.
+    assert min(adaptive.history["underflow/dense_13"][:2]) > 0.1  # the adaptive model's bottom
     for key, values in adaptive.history.items():
         if key.startswith("underflow/"):
-            assert all(0.0 <= v < 1e-3 for v in values[1:]), key
+            assert all(0.0 <= v < 1e-3 for v in values[2:]), key
 
 
 @pytest.mark.parametrize("source", ["monitor", "history", "log_dir"])

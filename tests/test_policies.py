@@ -251,6 +251,17 @@ def test_an_overflow_backs_off_by_backoff_and_at_least_to_the_last_finite_measur
     assert policies.BACKOFF == 2.0**-4
 
 
+def test_before_the_first_update_a_measurement_lowers_scales_and_raises_none():
+    """Proposed 2**30, 2**10, 2**15 at scales 2**15: before any update 2**15,
+    2**10, 2**15; once updated the proposal itself."""
+    proposed = np.array([2.0**30, 2.0**10, 2.0**15], np.float32)
+    scale = np.full(3, 2.0**15, np.float32)
+    before = policies.rise_after_first_update(proposed, scale, updated=False).numpy()
+    after = policies.rise_after_first_update(proposed, scale, updated=True).numpy()
+    np.testing.assert_array_equal(before, [2.0**15, 2.0**10, 2.0**15])
+    np.testing.assert_array_equal(after, proposed)
+
+
 def test_headroom_is_capped():
     h = _headroom([policies.MAX_HEADROOM - 1.0], [0.0])
     after = policies.after_overflow(h, np.array([True]), np.array([True]), 1.0)
