@@ -3,8 +3,9 @@
 `run` calls them one after the other; each takes what the earlier ones
 returned:
 
-1. `group_and_unscale`: the gradients by scale component, each divided by its
-   component's scale;
+1. `group_and_unscale`: the gradients by scale component, whether each
+   component's are finite, and each one's reciprocal scale (the division runs
+   where the step is applied);
 2. `check_finite`: whether every gradient is finite on every replica, and
    which components an overflow reached;
 3. `apply_or_skip`: the inner optimizer applies, or the step is skipped and
@@ -34,7 +35,7 @@ SETTLING = 2.0**4
 def run(optimizer, plan, grads: list, variables: list) -> None:
     """Applies one step's gradients of `plan`'s scaled loss, in the phases above."""
     gradients = group_and_unscale(plan, grads, variables, optimizer)
-    finite, reached = check_finite(plan, gradients.weight_amax)
+    finite, reached = check_finite(plan, gradients.weight_finite)
     step = _skip.step_number(optimizer)
     updated = optimizer.iterations > 0  # before this step's update
     apply_or_skip(optimizer, plan, finite, reached, gradients.unscaled, variables, step)
@@ -51,29 +52,40 @@ class Gradients(NamedTuple):
 
     weight_grads: list  # per component, its weight gradients (at its scale)
     float16: list  # per component, for each of them, whether computed in float16
-    weight_amax: list  # per component, each one's largest absolute value
-    unscaled: list  # every gradient divided by its component's scale, in variable order
+    weight_finite: list  # per component, for each of them, whether all of it is finite
+    in_order: list  # every gradient (at its scale), in variable order
+    reciprocals: list  # for each, 1 / its component's scale (None: applied as it is)
+
+    def unscaled(self) -> list:
+        """Every gradient divided by its component's scale, in variable order.
+
+        Called inside the branch that applies them: XLA fuses each division
+        into the update of its variable, as for Keras's optimizer; computed
+        before the branch, each would be a kernel of its own.
+        """
+        return [g if r is None else unscale(g, r) for g, r in zip(self.in_order, self.reciprocals)]
 
 
 def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
-    """Phase 1: groups the gradients by component and divides each by its
-    component's scale."""
+    """Phase 1: groups the gradients by component, checks each is finite, and
+    pairs each with its component's reciprocal scale (`Gradients.unscaled`
+    divides them)."""
     weight_grads = [[] for _ in plan.components]
     float16 = [[] for _ in plan.components]
-    unscaled = []
+    reciprocals = []
     for g, v in zip(grads, variables):
         if g is None or optimizer._overwrite_variable_with_gradient(v):
-            unscaled.append(g)
+            reciprocals.append(None)
             continue
         i = plan.index_of(v)
         weight_grads[i].append(g)
         float16[i].append(_computed_in_float16(v))
-        unscaled.append(unscale(g, plan.each_reciprocal[i]))
-    weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
-    return Gradients(weight_grads, float16, weight_amax, unscaled)
+        reciprocals.append(plan.each_reciprocal[i])
+    weight_finite = [[_statistics.all_finite(*group)] if group else [] for group in weight_grads]
+    return Gradients(weight_grads, float16, weight_finite, list(grads), reciprocals)
 
 
-def check_finite(plan, weight_amax) -> tuple[tf.Tensor, tf.Tensor]:
+def check_finite(plan, weight_finite) -> tuple[tf.Tensor, tf.Tensor]:
     """Phase 2: whether every gradient is finite on every replica, and which
     components an overflow reached.
 
@@ -87,11 +99,11 @@ def check_finite(plan, weight_amax) -> tuple[tf.Tensor, tf.Tensor]:
     if plan.crossings is not None:
         plan.crossings.finish()  # the boundaries' gradients that still wait
         crossed = plan.crossings.reduced
-    amaxes = [
-        group + [crossed[id(b)].amax for b in c.inside if id(b) in crossed]
-        for group, c in zip(weight_amax, plan.components)
+    finite_each = [
+        group + [tf.math.is_finite(crossed[id(b)].amax) for b in c.inside if id(b) in crossed]
+        for group, c in zip(weight_finite, plan.components)
     ]
-    not_finite = _not_finite_per_component(amaxes)
+    not_finite = _not_finite_per_component(finite_each)
     finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
     reached = _statistics.reached_on_any_replica(tf.logical_and(not_finite, plan.loss_finite))
     return finite, reached
@@ -118,7 +130,7 @@ def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, upda
     measurement before the first update (`updated` false) raises no scale."""
 
     def measured():
-        statistics = _statistics.measure(plan, gradients.weight_amax, gradients.weight_grads)
+        statistics = _statistics.measure(plan, gradients.weight_grads)
         return _statistics.agree_across_replicas(statistics)
 
     def update(statistics):
@@ -129,9 +141,7 @@ def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, upda
     if _statistics.several_replicas():
         # Replicas can neither gather nor assign inside a cond: only the
         # reductions are conditional, the rest keeps every scale when not measuring.
-        statistics = _statistics.measure_if(
-            measuring, plan, gradients.weight_amax, gradients.weight_grads
-        )
+        statistics = _statistics.measure_if(measuring, plan, gradients.weight_grads)
         return update(_statistics.agree_across_replicas(statistics))
     # Steps that do not measure keep every scale, at the cost of one branch.
     return tf.cond(measuring, lambda: update(measured()), lambda: tf.constant(False))
@@ -164,18 +174,18 @@ def unscale(gradient, reciprocal):
     return tf.cast(tf.cast(gradient, tf.float32) * reciprocal, gradient.dtype)
 
 
-def _not_finite_per_component(amaxes: list[list[tf.Tensor]]) -> tf.Tensor:
-    """Per component, True if any of its largest values (`amaxes[i]`) is not finite.
+def _not_finite_per_component(finite_each: list[list[tf.Tensor]]) -> tf.Tensor:
+    """Per component, True if any of its checks (`finite_each[i]`, scalar bools) is False.
 
-    One check of all values at once, not one small check per component; a
-    component with no values is finite.
+    One reduction of all checks at once, not one small one per component; a
+    component with no checks is finite.
     """
-    components = [i for i, group in enumerate(amaxes) for _ in group]
+    components = [i for i, group in enumerate(finite_each) for _ in group]
     if not components:
-        return tf.zeros([len(amaxes)], tf.bool)
-    values = tf.stack([value for group in amaxes for value in group])
-    not_finite = tf.cast(tf.logical_not(tf.math.is_finite(values)), tf.int32)
-    return tf.math.unsorted_segment_max(not_finite, components, len(amaxes)) > 0
+        return tf.zeros([len(finite_each)], tf.bool)
+    finite = tf.stack([check for group in finite_each for check in group])
+    not_finite = tf.cast(tf.logical_not(finite), tf.int32)
+    return tf.math.unsorted_segment_max(not_finite, components, len(finite_each)) > 0
 
 
 def _computed_in_float16(variable) -> bool:

@@ -23,9 +23,17 @@ def step_number(optimizer) -> tf.Tensor:
 
 
 def apply_if_finite(
-    optimizer, finite, grads, variables, step, on_skip: Callable[[], None] | None = None
+    optimizer,
+    finite,
+    gradients: Callable[[], list],
+    variables,
+    step,
+    on_skip: Callable[[], None] | None = None,
 ) -> None:
-    """Applies `grads` with `optimizer.inner_optimizer` if `finite`, else skips the step.
+    """Applies `gradients()` with `optimizer.inner_optimizer` if `finite`, else skips the step.
+
+    `gradients` is called inside the branch that applies them, so that XLA
+    fuses what computes them (the unscaling) into the update.
 
     Both branches hold elementwise updates only (the counters are written
     through masks made before the conditional, not by a scatter), and
@@ -49,7 +57,7 @@ def apply_if_finite(
         optimizer.counters.assign(counters)
 
     def apply_step():
-        optimizer.inner_optimizer.apply(grads, trainable_variables=variables)
+        optimizer.inner_optimizer.apply(gradients(), trainable_variables=variables)
         applied()
 
     if strategy_supports_no_merge_call():
@@ -74,4 +82,4 @@ def apply_if_finite(
         if on_skip is not None:
             keras.ops.cond(finite, lambda: None, on_skip)
 
-    tf.distribute.get_replica_context().merge_call(decide, args=(finite, grads))
+    tf.distribute.get_replica_context().merge_call(decide, args=(finite, gradients()))

@@ -16,10 +16,10 @@ import tensorflow as tf
 from keras_als import policies
 
 
-def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
+def measure(plan, weight_grads) -> policies.Statistics:
     """The statistics of each component of `plan`, in true (unscaled) units.
 
-    From the weight gradients (their largest values, `weight_amax`) and from
+    From the weight gradients (`weight_grads[i]`: component i's) and from
     the gradients that crossed the boundaries during backprop, as reduced by
     `plan.crossings` (call its `finish` first). Statistics no policy reads are
     pruned from the traced graph, so they cost nothing.
@@ -30,7 +30,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     amaxes, mean_squares, overflow, silent, flushed = [], [], [], [], []
     for i, component in enumerate(plan.components):
         scale = each_scale[i]
-        seen = list(weight_amax[i])
+        seen = [amax(g) for g in weight_grads[i]]
         incoming_finite, incoming_amax, lost = [], [], []
         for b in component.inside:
             if id(b) in crossed:
@@ -131,6 +131,16 @@ def amax(tensor: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.reduce_max(magnitude), tf.float32)
 
 
+def all_finite(*tensors: tf.Tensor) -> tf.Tensor:
+    """True if every value of every tensor is finite (no inf, no NaN).
+
+    One reduction over all of them (flattened and joined, which XLA fuses
+    into the reduction), not one per tensor: each is a kernel of its own.
+    """
+    flat = [tf.reshape(tf.cast(values_of(t), tf.float32), [-1]) for t in tensors]
+    return tf.reduce_all(tf.math.is_finite(tf.concat(flat, 0)))
+
+
 def mean_square(tensor: tf.Tensor) -> tf.Tensor:
     """Mean of the squared values of `tensor`, in float32."""
     return tf.reduce_mean(tf.square(tf.cast(values_of(tensor), tf.float32)))
@@ -155,7 +165,7 @@ def subnormals(tensor) -> tf.Tensor:
     return tf.reduce_sum(tf.cast(tiny, tf.float32))
 
 
-def measure_if(measuring, plan, weight_amax, weight_grads) -> policies.Statistics:
+def measure_if(measuring, plan, weight_grads) -> policies.Statistics:
     """`measure(...)` where `measuring` holds, else statistics that keep every scale.
 
     One branch computes every reduction; a step that does not measure reads
@@ -165,7 +175,7 @@ def measure_if(measuring, plan, weight_amax, weight_grads) -> policies.Statistic
     size = len(plan.components)
 
     def measured():
-        return tuple(measure(plan, weight_amax, weight_grads)[:4])
+        return tuple(measure(plan, weight_grads)[:4])
 
     def kept():
         zero = tf.zeros([size])

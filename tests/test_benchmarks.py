@@ -190,6 +190,14 @@ def test_real_model_targets_allow_one_skip_per_1000_steps_after_the_first_50():
     assert [k for k, ok in missed.items() if not ok] == ["skips_after_50", "step_time"]
 
 
+def test_a_row_with_the_step_time_alone_is_judged_on_it_alone():
+    from benchmarks import real_models
+
+    row = {"step_ratio": 1.01, "step_ratio_se": 0.015}
+    assert real_models.verdicts(row) == {"step_time": True}
+    assert real_models.missed(row) == ["step_time at the line"]
+
+
 def test_real_model_table_gives_each_ablation_as_ms_and_a_ratio_to_keras():
     from benchmarks import real_models
 
@@ -278,3 +286,27 @@ def test_measuring_one_methods_skips_keeps_the_others_row_or_says_there_is_none(
         real_models.main(
             ["--parts", "skips", "--methods", "keras_als", "--steps", "3", "--out", out]
         )
+
+
+def test_the_kernels_of_a_compiled_step_are_its_entry_instructions_that_run_work():
+    from benchmarks import real_models
+
+    hlo = """HloModule step
+
+%fused_computation (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %m = f32[4]{0} multiply(f32[4]{0} %p, f32[4]{0} %p)
+}
+
+ENTRY %main (a: f32[4], b: f32[4,4]) -> (f32[4], f32[4]) {
+  %a = f32[4]{0} parameter(0)
+  %b = f32[4,4]{1,0} parameter(1)
+  %c = f32[] constant(1)
+  %fusion = f32[4]{0} fusion(f32[4]{0} %a), kind=kLoop, calls=%fused_computation
+  %dot = f32[4]{0} dot(f32[4,4]{1,0} %b, f32[4]{0} %fusion), lhs_contracting_dims={1}
+  %bitcast = f32[4]{0} bitcast(f32[4]{0} %dot)
+  %copy = f32[4]{0} copy(f32[4]{0} %bitcast)
+  ROOT %tuple = (f32[4]{0}, f32[4]{0}) tuple(f32[4]{0} %fusion, f32[4]{0} %copy)
+}
+"""
+    assert real_models.kernels_of(hlo) == 3  # the fusion, the dot and the copy

@@ -198,11 +198,28 @@ def test_the_step_record_keeps_no_dropped_optimizer_or_layer_alive():
 def test_finiteness_is_checked_per_component_and_a_component_without_values_is_finite():
     from keras_als import _apply_phases
 
-    inf, nan = float("inf"), float("nan")
-    amaxes = [[tf.constant(1.0), tf.constant(inf)], [], [tf.constant(2.0)], [tf.constant(nan)]]
-    not_finite = _apply_phases._not_finite_per_component(amaxes)
+    checks = [
+        [tf.constant(True), tf.constant(False)],
+        [],
+        [tf.constant(True)],
+        [tf.constant(False)],
+    ]
+    not_finite = _apply_phases._not_finite_per_component(checks)
     assert not_finite.numpy().tolist() == [True, False, False, True]
     assert _apply_phases._not_finite_per_component([[], []]).numpy().tolist() == [False, False]
+
+
+def test_all_finite_checks_every_value_of_every_gradient_at_once():
+    from keras_als import _statistics
+
+    inf, nan = float("inf"), float("nan")
+    dense = tf.ones((3, 2))
+    half = tf.constant([1.0, 65504.0], tf.float16)
+    rows = tf.IndexedSlices(tf.constant([[1.0, nan]]), tf.constant([0]), tf.constant([4, 2]))
+    assert bool(_statistics.all_finite(dense, half).numpy())
+    assert not bool(_statistics.all_finite(dense, rows).numpy())
+    assert not bool(_statistics.all_finite(dense, half * 2).numpy())  # float16 overflow: inf
+    assert not bool(_statistics.all_finite(tf.constant([[inf]]), dense).numpy())
 
 
 def _conditionals_holding(hlo: str, op_name_part: str) -> int:
