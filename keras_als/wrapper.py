@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import keras
@@ -234,6 +235,11 @@ def wrap_model(model: keras.Model, scale_each_output: bool = False) -> keras.Mod
     copied as a plain `keras.Model` with the same inputs, outputs and layers:
     methods of its own class (such as a task's `generate`) are not carried over.
 
+    Layers are copied from their configs, as `keras.models.clone_model` copies
+    them. A layer whose config does not round-trip (a bug of that layer, such
+    as KerasHub 0.32's Llama decoder layer) is not copied: the copy wraps the
+    layer itself, shares its weights with `model`, and a warning names it.
+
     Args:
         model: A built Sequential or Functional `keras.Model`, or a subclass of
             Functional (one that calls `super().__init__(inputs, outputs)`).
@@ -278,7 +284,11 @@ def wrap_model(model: keras.Model, scale_each_output: bool = False) -> keras.Mod
             "wrap_model needs a built model: give it an Input (keras.Input(shape)) or "
             "call model.build(input_shape) first."
         )
-    wrapped = _copy_wrapped(model, _output_layers(model) if scale_each_output else set())
+    not_copied = {}
+    wrapped = _copy_wrapped(
+        model, not_copied, _output_layers(model) if scale_each_output else set()
+    )
+    _warn_not_copied(not_copied)
     source, target = model.weights, wrapped.weights
     if [tuple(w.shape) for w in source] != [tuple(w.shape) for w in target]:
         raise RuntimeError(  # a bug in wrap_model, not in the model: say so
@@ -295,16 +305,19 @@ def _output_layers(model: keras.Model) -> set[int]:
     return {id(producer(t)) for t in keras.tree.flatten(model.output)}
 
 
-def _copy_wrapped(model: keras.Model, scale_outputs_of: set[int] = frozenset()) -> keras.Model:
+def _copy_wrapped(
+    model: keras.Model, not_copied: dict[str, str], scale_outputs_of: set[int] = frozenset()
+) -> keras.Model:
     """The copy of `model` with wrapped layers, weights not yet copied; the layers
-    whose `id` is in `scale_outputs_of` get a boundary at their outputs too."""
+    whose `id` is in `scale_outputs_of` get a boundary at their outputs too, and
+    the layers that could not be copied are recorded in `not_copied`."""
 
     def copy_layer(layer):
         if not isinstance(layer, keras.layers.Layer):  # an operation, e.g. keras.ops.add
             return layer
         if _is_graph_model(layer):
-            return _copy_wrapped(layer)
-        clone = _copy_of(layer)
+            return _copy_wrapped(layer, not_copied)
+        clone = _copy_of(layer, not_copied)
         if isinstance(layer, AdaptiveScaled) or not layer.trainable_weights:
             return clone
         return AdaptiveScaled(clone, scale_outputs=id(layer) in scale_outputs_of, name=layer.name)
@@ -326,19 +339,31 @@ def _copy_wrapped(model: keras.Model, scale_outputs_of: set[int] = frozenset()) 
     )
 
 
-def _copy_of(layer: keras.layers.Layer) -> keras.layers.Layer:
-    """A new layer from `layer`'s config, as `keras.models.clone_model` makes one."""
+def _copy_of(layer: keras.layers.Layer, not_copied: dict[str, str]) -> keras.layers.Layer:
+    """A new layer from `layer`'s config, as `keras.models.clone_model` makes one;
+    `layer` itself where its config does not round-trip (recorded in `not_copied`:
+    its name and the error, for the warning)."""
     try:
         return layer.__class__.from_config(layer.get_config())
     except Exception as error:
-        raise ValueError(
-            f"wrap_model copies every layer from its config, and layer {layer.name!r} "
-            f"({type(layer).__name__}) cannot be copied that way: "
-            f"{type(error).__name__}: {error}. keras.models.clone_model fails on it the "
-            "same way, so this is a bug of that layer's get_config/"
-            "from_config; until it is fixed, build the model with its layers "
-            "wrapped in keras_als.AdaptiveScaled by hand."
-        ) from error
+        not_copied[layer.name] = f"{type(layer).__name__}: {type(error).__name__}: {error}"
+        return layer
+
+
+def _warn_not_copied(not_copied: dict[str, str]) -> None:
+    if not not_copied:
+        return
+    names = ", ".join(repr(name) for name in not_copied)
+    first = next(iter(not_copied.values()))
+    warnings.warn(
+        f"wrap_model could not copy {len(not_copied)} layer(s) from their configs "
+        f"({names}; the first error: {first}). keras.models.clone_model fails on them "
+        "the same way: a bug of those layers' get_config/from_config. The wrapped model "
+        "uses these layers themselves: their weights are shared with the original "
+        "model, not copied, and the wrapped model loads from a .keras file only once "
+        "the layers are fixed.",
+        stacklevel=3,
+    )
 
 
 def _joins_branches(layer, args, kwargs) -> bool:

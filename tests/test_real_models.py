@@ -6,6 +6,8 @@ from their constructors (no download). What each test checks, and to what
 tolerance, is in its docstring; the README's exactness claims are these.
 """
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -239,31 +241,62 @@ def test_other_models_of_the_same_families_wrap_with_every_weight_and_output_equ
 
 
 @pytest.mark.slow
-def test_a_keras_hub_layer_whose_config_does_not_round_trip_is_named_by_wrap_model():
+def test_a_keras_hub_backbone_whose_layers_configs_do_not_round_trip_still_wraps_and_trains():
     """KerasHub 0.32's Llama decoder layer cannot be copied from its config
-    (its get_config reads an attribute it never sets). Where
-    `keras.models.clone_model` fails on the backbone, `wrap_model` raises a
-    ValueError naming the layer; with a KerasHub that fixed it, the model wraps
-    with equal outputs."""
+    (its get_config reads an attribute it never sets), and
+    `keras.models.clone_model` fails on the backbone. `wrap_model` wraps those
+    layers themselves, with a warning that names them: the outputs are the
+    original's, and the model trains under mixed_float16 with XLA."""
     import keras_hub
 
+    def llama():
+        return real_models.mean_pooled(
+            keras_hub.models.LlamaBackbone(
+                vocabulary_size=128,
+                num_layers=2,
+                num_query_heads=2,
+                num_key_value_heads=1,
+                hidden_dim=32,
+                intermediate_dim=64,
+            )
+        )
+
     keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.LlamaBackbone(
-        vocabulary_size=128,
-        num_layers=2,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=32,
-        intermediate_dim=64,
-    )
-    model = real_models.mean_pooled(backbone)
+    model = llama()
     try:
-        keras.models.clone_model(backbone)
+        keras.models.clone_model(next(x for x in model.layers if isinstance(x, keras.Model)))
+        round_trips = True
     except Exception:
-        with pytest.raises(
-            ValueError, match=r"layer 'transformer_layer_0' \(LlamaTransformerDecoder\) cannot"
-        ):
-            keras_als.wrap_model(model)
-        return
+        round_trips = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        wrapped = keras_als.wrap_model(model)
+    not_copied = [w for w in caught if "could not copy" in str(w.message)]
+    if not round_trips:  # KerasHub 0.32; a KerasHub that fixed it copies every layer
+        assert len(not_copied) == 1
+        assert "'transformer_layer_0', 'transformer_layer_1'" in str(not_copied[0].message)
     x = {key: np.ones((2, real_models.SEQUENCE), "int32") for key in model.input}
-    np.testing.assert_array_equal(_outputs(keras_als.wrap_model(model), x), _outputs(model, x))
+    np.testing.assert_array_equal(_outputs(wrapped, x), _outputs(model, x))
+
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            wrapped = keras_als.wrap_model(llama())
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+        wrapped.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=True,
+        )
+        rng = np.random.default_rng(0)
+        tokens = rng.integers(1, 128, (8, real_models.SEQUENCE)).astype("int32")
+        inputs = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
+        labels = rng.integers(0, 2, 8)
+        losses = [wrapped.train_on_batch(inputs, labels) for _ in range(4)]
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert len(optimizer.layer_scales()) >= 5  # embedding, two decoders, norm, head
+    assert int(optimizer.skipped_steps.numpy()) <= 1
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]

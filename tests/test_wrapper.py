@@ -166,15 +166,28 @@ def test_a_layer_after_keras_ops_arithmetic_with_a_number_wraps_and_trains():
     assert sorted(wrapped.optimizer.layer_scales()) == ["first", "loss", "second"]
 
 
-def test_a_layer_that_cannot_be_copied_from_its_config_gets_an_error_naming_it():
+def test_a_layer_whose_config_does_not_round_trip_is_wrapped_itself_with_a_warning_naming_it():
     class Broken(layers.Dense):
         def get_config(self):
             raise AttributeError("no attribute 'forgotten'")
 
     inputs = keras.Input((3,))
-    model = keras.Model(inputs, Broken(2, name="broken")(inputs))
-    with pytest.raises(ValueError, match="layer 'broken' \\(Broken\\) cannot be copied"):
-        keras_als.wrap_model(model)
+    hidden = Broken(4, name="broken")(inputs)
+    model = keras.Model(inputs, layers.Dense(2, name="head")(hidden))
+    with pytest.warns(UserWarning, match=r"could not copy 1 layer\(s\).*'broken'.*forgotten"):
+        wrapped = keras_als.wrap_model(model)
+    broken, head = wrapped.get_layer("broken"), wrapped.get_layer("head")
+    assert isinstance(broken, keras_als.AdaptiveScaled) and broken.layer is model.get_layer(
+        "broken"
+    )
+    assert head.layer is not model.get_layer("head")  # the others are still copies
+    x = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
+    np.testing.assert_array_equal(wrapped.predict(x, verbose=0), model.predict(x, verbose=0))
+    wrapped.compile(
+        optimizer=keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.1)), loss="mse"
+    )
+    wrapped.fit(x, np.ones((4, 2)), epochs=1, verbose=0)
+    assert sorted(wrapped.optimizer.layer_scales()) == ["broken", "head", "loss"]
 
 
 def test_subclassed_model_is_refused_with_the_way_to_do_it_by_hand():
