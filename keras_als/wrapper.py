@@ -233,7 +233,11 @@ def wrap_model(model: keras.Model, scale_each_output: bool = False) -> keras.Mod
 
     A subclass of a functional model (a KerasHub backbone or task, say) is
     copied as a plain `keras.Model` with the same inputs, outputs and layers:
-    methods of its own class (such as a task's `generate`) are not carried over.
+    methods of its own class (such as a task's `generate`) are not carried over,
+    and its `weights` are listed in graph order, where the original lists them
+    in the order it tracked its layers as attributes (KerasHub's ESM2 and
+    XLNet backbones): copy weights between the two layer by layer
+    (`get_layer(name)`), not with `set_weights(model.get_weights())`.
 
     Layers are copied from their configs, as `keras.models.clone_model` copies
     them. A layer whose config does not round-trip (a bug of that layer, such
@@ -284,20 +288,49 @@ def wrap_model(model: keras.Model, scale_each_output: bool = False) -> keras.Mod
             "wrap_model needs a built model: give it an Input (keras.Input(shape)) or "
             "call model.build(input_shape) first."
         )
-    not_copied = {}
-    wrapped = _copy_wrapped(
-        model, not_copied, _output_layers(model) if scale_each_output else set()
-    )
-    _warn_not_copied(not_copied)
-    source, target = model.weights, wrapped.weights
-    if [tuple(w.shape) for w in source] != [tuple(w.shape) for w in target]:
-        raise RuntimeError(  # a bug in wrap_model, not in the model: say so
-            f"wrap_model could not match the weights of {model.name!r} one to one "
-            f"({len(source)} in the model, {len(target)} in the copy); please report it."
-        )
-    for w, v in zip(source, target):
-        v.assign(w)
+    copies = _Copies()
+    wrapped = _copy_wrapped(model, copies, _output_layers(model) if scale_each_output else set())
+    _warn_not_copied(copies.not_copied)
+    _copy_weights(model, wrapped, copies.pairs)
     return wrapped
+
+
+class _Copies:
+    """What `_copy_wrapped` made: each layer with weights and its copy (at any
+    depth), and the layers it could not copy (names, with the error)."""
+
+    def __init__(self):
+        self.pairs: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
+        self.not_copied: dict[str, str] = {}
+
+
+def _copy_weights(model: keras.Model, wrapped: keras.Model, pairs) -> None:
+    """Assigns each layer's weight values to its copy's, layer by layer.
+
+    Not `model.weights` to `wrapped.weights` in order: a subclass of
+    Functional lists its weights in the order it tracked its layers as
+    attributes (KerasHub's ESM2 and XLNet backbones), its copy in graph order.
+    """
+    assigned = set()
+    for layer, copy in pairs:
+        source, target = layer.weights, copy.weights
+        if [tuple(w.shape) for w in source] != [tuple(w.shape) for w in target]:
+            raise RuntimeError(  # a bug in wrap_model, not in the model: say so
+                f"wrap_model could not match the weights of layer {layer.name!r} to its "
+                f"copy's ({len(source)} in the layer, {len(target)} in the copy); "
+                "please report it."
+            )
+        for w, v in zip(source, target):
+            if v is not w:  # a layer that could not be copied is its own copy
+                v.assign(w)
+            assigned.add(id(v))
+    missing = [v.path for v in wrapped.weights if id(v) not in assigned]
+    if missing or len(wrapped.weights) != len(model.weights):
+        raise RuntimeError(
+            f"wrap_model could not match the weights of {model.name!r} one to one "
+            f"({len(model.weights)} in the model, {len(wrapped.weights)} in the copy, "
+            f"not assigned: {missing[:5]}); please report it."
+        )
 
 
 def _output_layers(model: keras.Model) -> set[int]:
@@ -306,18 +339,20 @@ def _output_layers(model: keras.Model) -> set[int]:
 
 
 def _copy_wrapped(
-    model: keras.Model, not_copied: dict[str, str], scale_outputs_of: set[int] = frozenset()
+    model: keras.Model, copies: _Copies, scale_outputs_of: set[int] = frozenset()
 ) -> keras.Model:
-    """The copy of `model` with wrapped layers, weights not yet copied; the layers
-    whose `id` is in `scale_outputs_of` get a boundary at their outputs too, and
-    the layers that could not be copied are recorded in `not_copied`."""
+    """The copy of `model` with wrapped layers, weights not yet copied (each
+    layer and its copy are recorded in `copies`); the layers whose `id` is in
+    `scale_outputs_of` get a boundary at their outputs too."""
 
     def copy_layer(layer):
         if not isinstance(layer, keras.layers.Layer):  # an operation, e.g. keras.ops.add
             return layer
         if _is_graph_model(layer):
-            return _copy_wrapped(layer, not_copied)
-        clone = _copy_of(layer, not_copied)
+            return _copy_wrapped(layer, copies)
+        clone = _copy_of(layer, copies.not_copied)
+        if layer.weights:
+            copies.pairs.append((layer, clone))
         if isinstance(layer, AdaptiveScaled) or not layer.trainable_weights:
             return clone
         return AdaptiveScaled(clone, scale_outputs=id(layer) in scale_outputs_of, name=layer.name)

@@ -190,6 +190,30 @@ def test_a_layer_whose_config_does_not_round_trip_is_wrapped_itself_with_a_warni
     assert sorted(wrapped.optimizer.layer_scales()) == ["broken", "head", "loss"]
 
 
+def test_weights_are_copied_layer_by_layer_where_the_model_lists_them_out_of_graph_order():
+    """A subclass of Functional lists its weights in the order it tracked its
+    layers as attributes (KerasHub's ESM2 and XLNet backbones do), its copy in
+    graph order: copied in list order, each Dense here would get the other's
+    kernel (the same shape) and the outputs would differ."""
+
+    class AttributesFirst(keras.Model):
+        def __init__(self, **kwargs):
+            self.head = layers.Dense(3, name="head")  # tracked before the body
+            self.body = layers.Dense(3, name="body")
+            inputs = keras.Input((3,))
+            super().__init__(inputs, self.head(self.body(inputs)), **kwargs)
+
+    keras.utils.set_random_seed(0)
+    model = AttributesFirst()
+    assert [w.path for w in model.weights][0] == "head/kernel"  # out of graph order
+    wrapped = keras_als.wrap_model(model)
+    for name in ("body", "head"):
+        for original, copy in zip(model.get_layer(name).weights, wrapped.get_layer(name).weights):
+            np.testing.assert_array_equal(np.asarray(copy), np.asarray(original))
+    x = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
+    np.testing.assert_array_equal(wrapped.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
 def test_subclassed_model_is_refused_with_the_way_to_do_it_by_hand():
     class Subclassed(keras.Model):
         def __init__(self):
