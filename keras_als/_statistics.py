@@ -30,7 +30,7 @@ def measure(plan, weight_grads) -> policies.Statistics:
     amaxes, mean_squares, overflow, silent, flushed = [], [], [], [], []
     for i, component in enumerate(plan.components):
         scale = each_scale[i]
-        seen = [amax(g) for g in weight_grads[i]]
+        seen = [amax(*weight_grads[i])] if weight_grads[i] else []
         incoming_finite, incoming_amax, lost = [], [], []
         for b in component.inside:
             if id(b) in crossed:
@@ -122,9 +122,13 @@ def values_of(tensor):
     return tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
 
 
-def amax(tensor: tf.Tensor) -> tf.Tensor:
-    """Largest absolute value of `tensor` as float32; inf if any value is NaN."""
-    magnitude = tf.abs(values_of(tensor))
+def amax(*tensors: tf.Tensor) -> tf.Tensor:
+    """Largest absolute value over all of `tensors`, as float32; inf if any value is NaN.
+
+    Several tensors are joined as in `all_finite`: one reduction, not one per tensor.
+    """
+    values = values_of(tensors[0]) if len(tensors) == 1 else _joined(tensors)
+    magnitude = tf.abs(values)
     magnitude = tf.where(
         tf.math.is_nan(magnitude), tf.cast(float("inf"), magnitude.dtype), magnitude
     )
@@ -137,8 +141,13 @@ def all_finite(*tensors: tf.Tensor) -> tf.Tensor:
     One reduction over all of them (flattened and joined, which XLA fuses
     into the reduction), not one per tensor: each is a kernel of its own.
     """
-    flat = [tf.reshape(tf.cast(values_of(t), tf.float32), [-1]) for t in tensors]
-    return tf.reduce_all(tf.math.is_finite(tf.concat(flat, 0)))
+    return tf.reduce_all(tf.math.is_finite(_joined(tensors)))
+
+
+def _joined(tensors) -> tf.Tensor:
+    """The values of `tensors` in one float32 vector (exact: float16 widens)."""
+    flat = tf.constant([-1])  # one shape for every reshape, not a constant each
+    return tf.concat([tf.reshape(tf.cast(values_of(t), tf.float32), flat) for t in tensors], 0)
 
 
 def mean_square(tensor: tf.Tensor) -> tf.Tensor:

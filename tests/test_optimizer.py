@@ -222,6 +222,20 @@ def test_all_finite_checks_every_value_of_every_gradient_at_once():
     assert not bool(_statistics.all_finite(tf.constant([[inf]]), dense).numpy())
 
 
+def test_amax_of_several_gradients_is_the_largest_magnitude_of_any_nan_reading_as_inf():
+    from keras_als import _statistics
+
+    dense = tf.constant([[0.5, -3.0], [2.0, 1.0]])
+    half = tf.constant([-1.0, 65504.0], tf.float16)
+    rows = tf.IndexedSlices(tf.constant([[-7.0, 1.0]]), tf.constant([0]), tf.constant([4, 2]))
+    assert float(_statistics.amax(dense)) == 3.0
+    assert float(_statistics.amax(dense, rows)) == 7.0
+    assert float(_statistics.amax(dense, half, rows)) == 65504.0  # float16 widened exactly
+    with_nan = tf.constant([1.0, float("nan")])
+    assert float(_statistics.amax(dense, with_nan)) == float("inf")
+    assert _statistics.amax(dense, half).dtype == tf.float32
+
+
 def _conditionals_holding(hlo: str, op_name_part: str) -> int:
     """Conditionals in optimized HLO text whose branches (and the computations
     these call, fusions included) hold an operation named with `op_name_part`."""
