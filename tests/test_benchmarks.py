@@ -310,3 +310,33 @@ ENTRY %main (a: f32[4], b: f32[4,4]) -> (f32[4], f32[4]) {
 }
 """
     assert real_models.kernels_of(hlo) == 3  # the fusion, the dot and the copy
+
+
+def test_the_wrap_sweep_builds_tiny_backbones_and_says_what_a_constructor_lacks():
+    pytest.importorskip("keras_hub")
+    from benchmarks import wrap_sweep
+
+    backbone = wrap_sweep.tiny_backbone("LlamaBackbone")
+    assert (backbone.num_layers, backbone.hidden_dim, backbone.num_key_value_heads) == (2, 32, 1)
+    with pytest.raises(TypeError, match=r"CLIPBackbone needs \['vision_encoder'"):
+        wrap_sweep.tiny_backbone("CLIPBackbone")
+
+
+def test_the_wrap_sweep_row_of_a_small_model_has_equal_copies_and_both_skip_counts():
+    import keras
+
+    from benchmarks import wrap_sweep
+
+    def make():
+        inputs = keras.Input((8, 8, 3))
+        hidden = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+        pooled = keras.layers.GlobalAveragePooling2D()(hidden)
+        return keras.Model(inputs, keras.layers.Dense(10, dtype="float32")(pooled))
+
+    row = wrap_sweep.try_model(make, steps=3)
+    assert row["weights_equal"] and row["outputs_equal"] and row["shared_layers"] == 0
+    assert row["scales"] == 3  # the loss, the convolution, the head
+    assert 0 <= row["keras_als"] <= 3 and 0 <= row["keras"] <= 3
+    table = wrap_sweep.markdown({"small": row, "broken": {"error": "keras_als: ValueError"}}, 3)
+    assert f"| small | True | True | 0 | 3 | {row['keras']} / {row['keras_als']} |" in table
+    assert "| broken |  |  | | | keras_als: ValueError |" in table
