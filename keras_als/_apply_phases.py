@@ -3,15 +3,17 @@
 `run` calls them one after the other; each takes what the earlier ones
 returned:
 
-1. `group_and_unscale`: the gradients by scale component, whether each
-   component's are finite, and each one's reciprocal scale (the division runs
-   where the step is applied);
+1. `group_and_unscale`: the gradients by scale component, each one's largest
+   magnitude (which says whether it is finite, and is the statistic a
+   measuring step reads), and each one's component (the division by its
+   scale runs where the step is applied);
 2. `check_finite`: whether every gradient is finite on every replica, and
    which components an overflow reached;
 3. `apply_or_skip`: the inner optimizer applies, or the step is skipped and
    the reached components learn from the overflow;
 4. `measure_and_choose` (measuring steps): the statistics, the policy's next
-   scales, what was measured;
+   scales, what was measured, and how many steps until the next measurement
+   (`next_period`);
 5. `count_until_measuring`: when the boundaries measure next.
 
 What the phases write into the optimizer's state per scale is in
@@ -35,16 +37,16 @@ SETTLING = 2.0**4
 def run(optimizer, plan, grads: list, variables: list) -> None:
     """Applies one step's gradients of `plan`'s scaled loss, in the phases above."""
     gradients = group_and_unscale(plan, grads, variables, optimizer)
-    finite, reached = check_finite(plan, gradients.weight_finite)
+    finite, reached = check_finite(plan, gradients.weight_amax)
     step = _skip.step_number(optimizer)
     updated = optimizer.iterations > 0  # before this step's update
     apply_or_skip(optimizer, plan, finite, reached, gradients.unscaled, variables, step)
     if not plan.built:
         return
     measuring = finite if plan.measuring is None else tf.logical_and(plan.measuring, finite)
-    unsettled = measure_and_choose(optimizer, plan, gradients, measuring, finite, step, updated)
+    period = measure_and_choose(optimizer, plan, gradients, measuring, finite, step, updated)
     if plan.measuring is not None:
-        count_until_measuring(optimizer, finite, unsettled)
+        count_until_measuring(optimizer, finite, measuring, period)
 
 
 class Gradients(NamedTuple):
@@ -52,40 +54,53 @@ class Gradients(NamedTuple):
 
     weight_grads: list  # per component, its weight gradients (at its scale)
     float16: list  # per component, for each of them, whether computed in float16
-    weight_finite: list  # per component, for each of them, whether all of it is finite
+    weight_amax: list  # per component, each one's largest magnitude (inf: not finite)
     in_order: list  # every gradient (at its scale), in variable order
-    reciprocals: list  # for each, 1 / its component's scale (None: applied as it is)
+    components: list  # for each, its component's index (None: applied as it is)
+    scales: tf.Tensor  # each component's scale
 
     def unscaled(self) -> list:
         """Every gradient divided by its component's scale, in variable order.
 
-        Called inside the branch that applies them: XLA fuses each division
-        into the update of its variable, as for Keras's optimizer; computed
-        before the branch, each would be a kernel of its own.
+        Called inside the branch that applies them: XLA fuses each division,
+        and the reciprocal of the scale it takes, into the update of its
+        variable, as for Keras's optimizer. Computed before the branch, each
+        would be a kernel of its own.
         """
-        return [g if r is None else unscale(g, r) for g, r in zip(self.in_order, self.reciprocals)]
+        return [
+            g if i is None else unscale(g, 1.0 / self.scales[i])
+            for g, i in zip(self.in_order, self.components)
+        ]
 
 
 def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
-    """Phase 1: groups the gradients by component, checks each is finite, and
-    pairs each with its component's reciprocal scale (`Gradients.unscaled`
-    divides them)."""
+    """Phase 1: groups the gradients by component, takes each one's largest
+    magnitude, and pairs each with its component (`Gradients.unscaled`
+    divides them by its scale).
+
+    One reduction per gradient, a largest magnitude in float32: XLA fuses each
+    into one kernel, as it does Keras's own finiteness check, and a measuring
+    step reads the same values. A boolean reduction (`all(is_finite)`), or one
+    over the gradients joined, runs as several kernels on a CPU (the joined
+    one made the small Transformer's step 5% slower,
+    `python -m benchmarks.cost --models transformer`).
+    """
     weight_grads = [[] for _ in plan.components]
     float16 = [[] for _ in plan.components]
-    reciprocals = []
+    components = []
     for g, v in zip(grads, variables):
         if g is None or optimizer._overwrite_variable_with_gradient(v):
-            reciprocals.append(None)
+            components.append(None)
             continue
         i = plan.index_of(v)
         weight_grads[i].append(g)
         float16[i].append(_computed_in_float16(v))
-        reciprocals.append(plan.each_reciprocal[i])
-    weight_finite = [[_statistics.all_finite(*group)] if group else [] for group in weight_grads]
-    return Gradients(weight_grads, float16, weight_finite, list(grads), reciprocals)
+        components.append(i)
+    weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
+    return Gradients(weight_grads, float16, weight_amax, list(grads), components, plan.scales)
 
 
-def check_finite(plan, weight_finite) -> tuple[tf.Tensor, tf.Tensor]:
+def check_finite(plan, weight_amax) -> tuple[tf.Tensor, tf.Tensor]:
     """Phase 2: whether every gradient is finite on every replica, and which
     components an overflow reached.
 
@@ -100,8 +115,9 @@ def check_finite(plan, weight_finite) -> tuple[tf.Tensor, tf.Tensor]:
         plan.crossings.finish()  # the boundaries' gradients that still wait
         crossed = plan.crossings.reduced
     finite_each = [
-        group + [tf.math.is_finite(crossed[id(b)].amax) for b in c.inside if id(b) in crossed]
-        for group, c in zip(weight_finite, plan.components)
+        [tf.math.is_finite(a) for a in group]
+        + [tf.math.is_finite(crossed[id(b)].amax) for b in c.inside if id(b) in crossed]
+        for group, c in zip(weight_amax, plan.components)
     ]
     not_finite = _not_finite_per_component(finite_each)
     finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
@@ -125,36 +141,80 @@ def apply_or_skip(optimizer, plan, finite, reached, unscaled, variables, step) -
 
 def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, updated) -> tf.Tensor:
     """Phase 4: where `measuring`, measures this step's statistics, asks the
-    policy for the next scales and records what was measured. Returns whether a
-    scale moved far, or the policy asked it to (it is still settling): a
-    measurement before the first update (`updated` false) raises no scale."""
+    policy for the next scales and records what was measured. Returns the
+    steps until the next measurement (`next_period`; read only where
+    `measuring`): a measurement before the first update (`updated` false)
+    raises no scale."""
 
     def measured():
-        statistics = _statistics.measure(plan, gradients.weight_grads)
+        statistics = _statistics.measure(plan, gradients.weight_amax, gradients.weight_grads)
         return _statistics.agree_across_replicas(statistics)
 
     def update(statistics):
         proposed = _scale_state.choose_scales(optimizer, plan, statistics, finite, step, updated)
         _scale_state.record_measurement(optimizer, plan, statistics, gradients)
-        return _moved_far(plan.scales, proposed)
+        elapsed = optimizer.steps_since_measured + 1
+        return next_period(plan.scales, proposed, elapsed, optimizer.measure_every_n_steps)
 
     if _statistics.several_replicas():
         # Replicas can neither gather nor assign inside a cond: only the
         # reductions are conditional, the rest keeps every scale when not measuring.
-        statistics = _statistics.measure_if(measuring, plan, gradients.weight_grads)
+        statistics = _statistics.measure_if(
+            measuring, plan, gradients.weight_amax, gradients.weight_grads
+        )
         return update(_statistics.agree_across_replicas(statistics))
     # Steps that do not measure keep every scale, at the cost of one branch.
-    return tf.cond(measuring, lambda: update(measured()), lambda: tf.constant(False))
+    nothing = tf.zeros([], optimizer.counters.dtype)
+    return tf.cond(measuring, lambda: update(measured()), lambda: nothing)
 
 
-def count_until_measuring(optimizer, finite, unsettled) -> None:
-    """Phase 5: measures again on the next step after a skipped step or while
-    scales move far (they are still settling); else in `measure_every_n_steps`."""
-    counted = (optimizer.steps_since_measured + 1) % optimizer.measure_every_n_steps
-    again = tf.logical_or(tf.logical_not(finite), unsettled)
-    since = tf.where(again, tf.zeros_like(counted), counted)
+def next_period(old: tf.Tensor, new: tf.Tensor, elapsed: tf.Tensor, longest: int) -> tf.Tensor:
+    """Steps from this measurement to the next, from how far it moved the scales.
+
+    `elapsed` steps passed since the last measurement, and the scales went
+    from `old` to `new` (powers of two). A scale that fell by `2**b` means
+    gradients that grew about `2**b`-fold in `elapsed` steps; the next period
+    is chosen so that growth at that rate stays within half of `MaxSafe`'s
+    margin of 6 binades:
+
+    - a scale moved by `SETTLING` (16x) or more, up or down: 1 step (still settling);
+    - a scale fell by 8x: half of `elapsed` (at least 1);
+    - a scale fell by 4x: `elapsed` again;
+    - else twice `elapsed`;
+
+    and never more than `longest` (`measure_every_n_steps`). So settled scales
+    are measured after 1, 2, 4, 8, then every 16 steps, and a model whose
+    gradients keep growing (VGG16 under Adam, which has no normalization) is
+    measured as often as its growth needs.
+
+    Example:
+
+    >>> import tensorflow as tf
+    >>> next_period(tf.constant([4.0, 8.0]), tf.constant([4.0, 2.0]), tf.constant(6), 16).numpy()
+    6
+    """
+    old = tf.convert_to_tensor(old, tf.float32)
+    new = tf.convert_to_tensor(new, tf.float32)
+    elapsed = tf.convert_to_tensor(elapsed)
+    fell = tf.reduce_max(old / new)
+    period = tf.where(fell >= 2.0**2, elapsed, 2 * elapsed)
+    period = tf.where(fell >= 2.0**3, elapsed // 2, period)
+    period = tf.where(_moved_far(old, new), tf.ones_like(period), period)
+    return tf.clip_by_value(period, 1, longest)
+
+
+def count_until_measuring(optimizer, finite, measured, period) -> None:
+    """Phase 5: the next measurement comes on the next finite step after a
+    skipped step, else `period` steps after a measuring step (`next_period`);
+    `steps_since_measured` counts the finite steps since the last measurement
+    or skipped step."""
+    until = optimizer.steps_until_measuring
+    since = optimizer.steps_since_measured
+    zero = tf.zeros_like(until)
+    until = tf.where(finite, tf.where(measured, tf.cast(period, until.dtype) - 1, until - 1), zero)
+    since = tf.where(tf.logical_and(finite, tf.logical_not(measured)), since + 1, zero)
     masks = _scale_state.counter_masks(optimizer)
-    values = {"steps_since_measured": since}
+    values = {"steps_since_measured": since, "steps_until_measuring": until}
     counters = _scale_state.counters_with(optimizer, masks, values=values)
     optimizer.counters.assign(counters)
 
@@ -163,8 +223,7 @@ def unscale(gradient, reciprocal):
     """`gradient` times `reciprocal` (1 / its scale) in float32, cast back to its dtype.
 
     Scales are powers of two, so the reciprocal is exact and the product
-    bit-identical to the quotient; the plan computes the reciprocals once per
-    step for all scales (`Plan.each_reciprocal`), not one per gradient.
+    bit-identical to the quotient.
     """
     if isinstance(gradient, tf.IndexedSlices):
         values = unscale(gradient.values, reciprocal)

@@ -71,15 +71,10 @@ class Plan:
     loss_finite: tf.Tensor  # bool: the loss (forward pass) was finite
     measuring: tf.Tensor | None = None  # bool: this step measures; None: every step does
     crossings: _crossings.Crossings | None = None  # reductions of the boundaries' gradients
-    # 1 / each scale, exact (powers of two): one division for all, then unstacked once.
-    each_reciprocal: tuple[tf.Tensor, ...] = dataclasses.field(init=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "each_reciprocal", tuple(tf.unstack(1.0 / self.scales)))
 
     def reciprocal_of(self, variable) -> tf.Tensor:
-        """1 / the scale of `variable`'s component."""
-        return self.each_reciprocal[self.index_of(variable)]
+        """1 / the scale of `variable`'s component (exact: scales are powers of two)."""
+        return 1.0 / self.scales[self.index_of(variable)]
 
     def index_of(self, variable) -> int:
         return self.component_of.get(id(variable.handle), self.loss_component)

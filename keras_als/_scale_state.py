@@ -42,7 +42,12 @@ PER_SCALE = (
 """The rows of the optimizer's `per_scale` variable (float32; counts and flags
 are exact integers in it)."""
 
-COUNTERS = ("skipped_steps", "skipped_in_a_row", "steps_since_measured")
+COUNTERS = (
+    "skipped_steps",
+    "skipped_in_a_row",
+    "steps_since_measured",
+    "steps_until_measuring",
+)
 """The first entries of the optimizer's `counters` variable; the recent skips
 window (`SKIP_WINDOW` entries, 1 where that step was skipped) follows them."""
 

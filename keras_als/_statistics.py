@@ -16,10 +16,11 @@ import tensorflow as tf
 from keras_als import policies
 
 
-def measure(plan, weight_grads) -> policies.Statistics:
+def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     """The statistics of each component of `plan`, in true (unscaled) units.
 
-    From the weight gradients (`weight_grads[i]`: component i's) and from
+    From the weight gradients (`weight_grads[i]`: component i's; `weight_amax[i]`,
+    each one's largest magnitude, taken on every step to check it is finite) and from
     the gradients that crossed the boundaries during backprop, as reduced by
     `plan.crossings` (call its `finish` first). Statistics no policy reads are
     pruned from the traced graph, so they cost nothing.
@@ -30,7 +31,7 @@ def measure(plan, weight_grads) -> policies.Statistics:
     amaxes, mean_squares, overflow, silent, flushed = [], [], [], [], []
     for i, component in enumerate(plan.components):
         scale = each_scale[i]
-        seen = [amax(*weight_grads[i])] if weight_grads[i] else []
+        seen = list(weight_amax[i])
         incoming_finite, incoming_amax, lost = [], [], []
         for b in component.inside:
             if id(b) in crossed:
@@ -122,32 +123,19 @@ def values_of(tensor):
     return tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
 
 
-def amax(*tensors: tf.Tensor) -> tf.Tensor:
-    """Largest absolute value over all of `tensors`, as float32; inf if any value is NaN.
+def amax(tensor: tf.Tensor) -> tf.Tensor:
+    """Largest absolute value of `tensor`, as float32; inf if any value is NaN.
 
-    Several tensors are joined as in `all_finite`: one reduction, not one per tensor.
+    Example:
+
+    >>> float(amax(tf.constant([1.0, -3.0])))
+    3.0
     """
-    values = values_of(tensors[0]) if len(tensors) == 1 else _joined(tensors)
-    magnitude = tf.abs(values)
+    magnitude = tf.abs(values_of(tensor))
     magnitude = tf.where(
         tf.math.is_nan(magnitude), tf.cast(float("inf"), magnitude.dtype), magnitude
     )
     return tf.cast(tf.reduce_max(magnitude), tf.float32)
-
-
-def all_finite(*tensors: tf.Tensor) -> tf.Tensor:
-    """True if every value of every tensor is finite (no inf, no NaN).
-
-    One reduction over all of them (flattened and joined, which XLA fuses
-    into the reduction), not one per tensor: each is a kernel of its own.
-    """
-    return tf.reduce_all(tf.math.is_finite(_joined(tensors)))
-
-
-def _joined(tensors) -> tf.Tensor:
-    """The values of `tensors` in one float32 vector (exact: float16 widens)."""
-    flat = tf.constant([-1])  # one shape for every reshape, not a constant each
-    return tf.concat([tf.reshape(tf.cast(values_of(t), tf.float32), flat) for t in tensors], 0)
 
 
 def mean_square(tensor: tf.Tensor) -> tf.Tensor:
@@ -174,7 +162,7 @@ def subnormals(tensor) -> tf.Tensor:
     return tf.reduce_sum(tf.cast(tiny, tf.float32))
 
 
-def measure_if(measuring, plan, weight_grads) -> policies.Statistics:
+def measure_if(measuring, plan, weight_amax, weight_grads) -> policies.Statistics:
     """`measure(...)` where `measuring` holds, else statistics that keep every scale.
 
     One branch computes every reduction; a step that does not measure reads
@@ -184,7 +172,7 @@ def measure_if(measuring, plan, weight_grads) -> policies.Statistics:
     size = len(plan.components)
 
     def measured():
-        return tuple(measure(plan, weight_grads)[:4])
+        return tuple(measure(plan, weight_amax, weight_grads)[:4])
 
     def kept():
         zero = tf.zeros([size])

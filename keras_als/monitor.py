@@ -29,8 +29,8 @@ class ScaleMonitor(keras.callbacks.Callback):
 
     It reads values the optimizer already keeps (a few scalars per layer), and
     turns on the optimizer's underflow counts, taken in the training step
-    whenever it measures the scales (every `measure_every_n_steps` steps of
-    the optimizer), so the recorded rates are the latest such counts.
+    whenever it measures the scales (at most `measure_every_n_steps` steps
+    apart), so the recorded rates are the latest such counts.
 
     Args:
         log_dir: Folder for TensorBoard event files, or None.

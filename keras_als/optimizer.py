@@ -50,13 +50,15 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             one dynamic scale (an eager step, or `apply` without `scale_loss`
             in the same traced function): the scale doubles after this many
             finite steps. Layer-wise scales come from the `policy` instead.
-        measure_every_n_steps: How often the boundaries measure the gradients
-            and the policy chooses new scales: every n steps, and always on the
-            step after a skipped step or while a scale is still moving by
-            16x or more per measurement (the paper's `update_per_n_iteration`).
-            Between, the scales stay and the boundaries skip their one
-            reduction per layer, the main cost of keras_als. Whether a step is
-            finite is checked on every step.
+        measure_every_n_steps: The longest period between steps that measure
+            the gradients and let the `policy` choose new scales (the paper's
+            `update_per_n_iteration`). The step after a skipped step measures,
+            and so does the next one while a scale still moves by 16x or more
+            per measurement; then the period doubles up to this (1, 2, 4, 8,
+            16), and shrinks again while gradients grow (a scale that fell
+            8-fold halves it). Between, the scales stay and the boundaries skip
+            their one reduction per layer, the main cost of keras_als. Whether
+            a step is finite is checked on every step.
         warn_after_skipped_steps: After this many skipped steps in a row (or
             when a quarter of the last `SKIP_WINDOW` steps were skipped),
             `telemetry()` and `ScaleMonitor` report the scaling as stuck and
@@ -140,8 +142,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     @property
     def steps_since_measured(self) -> tf.Tensor:
-        """Finite steps since the scales were last measured; after `build`."""
+        """Finite steps since the last measuring or skipped step; after `build`."""
         return _scale_state.counter(self, "steps_since_measured")
+
+    @property
+    def steps_until_measuring(self) -> tf.Tensor:
+        """Finite steps before the next one that measures (0: the next step does); after `build`."""
+        return _scale_state.counter(self, "steps_until_measuring")
 
     def layer_scales(self) -> dict[str, float]:
         """The current scales: `"loss"` and one per wrapped layer, by layer name.
@@ -169,7 +176,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             return super().scale_loss(loss)
         measuring = None
         if self.built and self.measure_every_n_steps > 1:
-            measuring = tf.equal(self.steps_since_measured % self.measure_every_n_steps, 0)
+            measuring = tf.equal(self.steps_until_measuring, 0)
         plan = _plan.make_plan(
             loss,
             _step_record.read(loss.graph).boundaries,

@@ -1,8 +1,10 @@
 """`measure_every_n_steps`: when the boundaries measure and the scales change.
 
-The scales may change only on a measuring step: every n finite steps, on the
-step after a skipped one, and on the step after a measurement that moved a
-scale by `SETTLING` or more. Steps in between keep every scale.
+The scales may change only on a measuring step: on the step after a skipped
+one, on the step after a measurement that moved a scale by `SETTLING` or more,
+and else after a period that doubles from 1 up to n while the scales hold and
+shrinks while the gradients grow (`_apply_phases.next_period`). Steps in
+between keep every scale.
 """
 
 import keras
@@ -56,18 +58,82 @@ def test_scales_change_only_on_every_nth_step_once_settled():
     for _ in range(3 * n):  # settle at learning rate 0
         step()
     settled = optimizer.layer_scales()
-    counter = int(optimizer.steps_since_measured.numpy())
+    until = int(optimizer.steps_until_measuring.numpy())
     factor.assign(2.0**5)  # gradients 32x larger: every max-safe scale falls by ~32x
     unchanged_steps = 0
     while optimizer.layer_scales() == settled:
         step()
         unchanged_steps += 1
         assert unchanged_steps <= n
-    # The step that changed the scales was the first with the counter at 0.
-    assert unchanged_steps == (n - counter) % n + 1
+    # The step that changed the scales was the first with nothing left until measuring.
+    assert unchanged_steps == until + 1
     new = optimizer.layer_scales()
     assert all(new[k] < settled[k] for k in settled), (settled, new)
     assert int(optimizer.skipped_steps.numpy()) == 0
+
+
+def _measuring_steps(optimizer, step, steps, growth=1.0, factor=None):
+    """Which of the next `steps` steps measured (the counter since restarts at 0),
+    multiplying the loss by `growth` before each."""
+    measured = []
+    for i in range(steps):
+        if factor is not None:
+            factor.assign(factor * growth)
+        step()
+        if int(optimizer.steps_since_measured.numpy()) == 0:
+            measured.append(i)
+    return measured
+
+
+def test_settled_scales_are_measured_after_periods_doubling_up_to_n():
+    optimizer, _, step = _setup(16)
+    measured = _measuring_steps(optimizer, step, 60)
+    gaps = np.diff(measured).tolist()
+    # The first steps settle (gap 1); then the period doubles and stays at 16.
+    settled = gaps.index(2)
+    assert gaps[settled:] == [2, 4, 8, 16, 16][: len(gaps) - settled], measured
+    assert all(g == 1 for g in gaps[:settled]), measured
+    assert int(optimizer.skipped_steps.numpy()) == 0
+
+
+@pytest.mark.parametrize("binades_per_step", [1, 2])
+def test_gradients_that_keep_growing_overflow_once_then_are_measured_often_enough(binades_per_step):
+    # Once the period is 16, the gradients start to grow by 2**binades_per_step
+    # every step (as VGG16's did under Adam). They pass the margin of 6 binades
+    # before the next measurement: that step is skipped. After it, the period
+    # restarts at 1 and stays short while they grow: no other step is skipped
+    # (a period back at 16 after every measurement would skip one every ~7 steps).
+    optimizer, factor, step = _setup(16)
+    for _ in range(60):  # until a measurement has just set the period to 16
+        step()
+        if int(optimizer.steps_until_measuring.numpy()) == 15:
+            break
+    assert int(optimizer.steps_until_measuring.numpy()) == 15
+    steps = 36 // binades_per_step  # 2**36 in all
+    measured = _measuring_steps(optimizer, step, steps, 2.0**binades_per_step, factor)
+    assert int(optimizer.skipped_steps.numpy()) == 1, optimizer.telemetry()["overflows"]
+    # ... without measuring on every step where one binade per step allows fewer.
+    assert len(measured) <= {1: 0.7, 2: 1.0}[binades_per_step] * steps, measured
+
+
+@pytest.mark.parametrize(
+    ("fell", "elapsed", "period"),
+    [
+        (1.0, 1, 2),  # held: twice the last period
+        (2.0, 4, 8),  # fell 2x: twice
+        (4.0, 4, 4),  # fell 4x: the same
+        (8.0, 4, 2),  # fell 8x: half
+        (8.0, 1, 1),  # ... at least 1
+        (16.0, 8, 1),  # moved by SETTLING: the next step
+        (1 / 16, 8, 1),  # rose by SETTLING too
+        (1.0, 12, 16),  # never more than n
+    ],
+)
+def test_the_next_period_follows_how_far_the_scales_fell_in_the_last(fell, elapsed, period):
+    old = tf.constant([2.0**10, 2.0**3])
+    new = tf.constant([2.0**10 / fell, 2.0**3])
+    result = _apply_phases.next_period(old, new, tf.constant(elapsed), 16)
+    assert int(result.numpy()) == period
 
 
 def test_measuring_every_step_changes_the_scales_on_the_next_step():

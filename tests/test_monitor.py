@@ -71,10 +71,11 @@ def test_underflow_estimate_is_high_where_the_scale_is_too_small(tmp_path):
     adaptive = monitored_fit(tmp_path / "adaptive", depth=12)[2]
     # The second layer's input gradients are the smallest that are computed
     # (nothing needs the first layer's); at scale 1 most of them flush to zero
-    # and what is left sits in float16's subnormal range.
+    # and what is left sits in float16's subnormal range (all of it flushes
+    # after a few updates: the largest record, of the measuring steps).
     assert low.history["zeros/dense_1"][-1] > 0.5
-    assert low.history["underflow/dense_1"][-1] > 5e-3
-    assert low.history["underflow/dense_8"][-1] > 5e-3
+    assert max(low.history["underflow/dense_1"]) > 5e-3
+    assert max(low.history["underflow/dense_8"]) > 5e-3
     # The first two records are at the first guess (2**15 everywhere: the
     # first step measures the initial weights' gradients and raises no
     # scale), where the bottom layers do underflow; once measured after an

@@ -209,31 +209,18 @@ def test_finiteness_is_checked_per_component_and_a_component_without_values_is_f
     assert _apply_phases._not_finite_per_component([[], []]).numpy().tolist() == [False, False]
 
 
-def test_all_finite_checks_every_value_of_every_gradient_at_once():
-    from keras_als import _statistics
-
-    inf, nan = float("inf"), float("nan")
-    dense = tf.ones((3, 2))
-    half = tf.constant([1.0, 65504.0], tf.float16)
-    rows = tf.IndexedSlices(tf.constant([[1.0, nan]]), tf.constant([0]), tf.constant([4, 2]))
-    assert bool(_statistics.all_finite(dense, half).numpy())
-    assert not bool(_statistics.all_finite(dense, rows).numpy())
-    assert not bool(_statistics.all_finite(dense, half * 2).numpy())  # float16 overflow: inf
-    assert not bool(_statistics.all_finite(tf.constant([[inf]]), dense).numpy())
-
-
-def test_amax_of_several_gradients_is_the_largest_magnitude_of_any_nan_reading_as_inf():
+def test_amax_of_a_gradient_is_its_largest_magnitude_in_float32_with_nan_reading_as_inf():
     from keras_als import _statistics
 
     dense = tf.constant([[0.5, -3.0], [2.0, 1.0]])
     half = tf.constant([-1.0, 65504.0], tf.float16)
     rows = tf.IndexedSlices(tf.constant([[-7.0, 1.0]]), tf.constant([0]), tf.constant([4, 2]))
     assert float(_statistics.amax(dense)) == 3.0
-    assert float(_statistics.amax(dense, rows)) == 7.0
-    assert float(_statistics.amax(dense, half, rows)) == 65504.0  # float16 widened exactly
-    with_nan = tf.constant([1.0, float("nan")])
-    assert float(_statistics.amax(dense, with_nan)) == float("inf")
-    assert _statistics.amax(dense, half).dtype == tf.float32
+    assert float(_statistics.amax(rows)) == 7.0  # an Embedding's gradient: its rows
+    assert float(_statistics.amax(half)) == 65504.0  # float16 widened exactly
+    assert _statistics.amax(half).dtype == tf.float32
+    assert float(_statistics.amax(half * 2)) == float("inf")  # float16 overflow
+    assert float(_statistics.amax(tf.constant([1.0, float("nan")]))) == float("inf")
 
 
 def _conditionals_holding(hlo: str, op_name_part: str) -> int:
