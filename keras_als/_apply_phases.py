@@ -63,12 +63,13 @@ class Gradients(NamedTuple):
         """Every gradient divided by its component's scale, in variable order.
 
         Called inside the branch that applies them: XLA fuses each division,
-        and the reciprocal of the scale it takes, into the update of its
-        variable, as for Keras's optimizer. Computed before the branch, each
-        would be a kernel of its own.
+        and the reciprocals of the scales, into the update of each variable,
+        as for Keras's optimizer. Computed before the branch, each would be a
+        kernel of its own (the small Transformer's step was 10% slower so).
         """
+        reciprocals = tf.unstack(1.0 / self.scales)
         return [
-            g if i is None else unscale(g, 1.0 / self.scales[i])
+            g if i is None else unscale(g, reciprocals[i])
             for g, i in zip(self.in_order, self.components)
         ]
 
@@ -78,12 +79,12 @@ def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
     magnitude, and pairs each with its component (`Gradients.unscaled`
     divides them by its scale).
 
-    One reduction per gradient, a largest magnitude in float32: XLA fuses each
-    into one kernel, as it does Keras's own finiteness check, and a measuring
-    step reads the same values. A boolean reduction (`all(is_finite)`), or one
-    over the gradients joined, runs as several kernels on a CPU (the joined
-    one made the small Transformer's step 5% slower,
-    `python -m benchmarks.cost --models transformer`).
+    One reduction per gradient, over its own shape; a measuring step reads
+    the same values, so no gradient enters the measuring branch. Flattened
+    first (and joined into one vector per component, as commit 0303235 did),
+    the same reductions made the small Transformer's step 1.15x Keras's
+    instead of 1.02x (`python -m benchmarks.cost --models transformer
+    --instances 3`).
     """
     weight_grads = [[] for _ in plan.components]
     float16 = [[] for _ in plan.components]
@@ -96,7 +97,8 @@ def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
         weight_grads[i].append(g)
         float16[i].append(_computed_in_float16(v))
         components.append(i)
-    weight_amax = [[_statistics.amax(g) for g in group] for group in weight_grads]
+    each = iter(_statistics.amaxes([g for group in weight_grads for g in group]))
+    weight_amax = [[next(each) for _ in group] for group in weight_grads]
     return Gradients(weight_grads, float16, weight_amax, list(grads), components, plan.scales)
 
 
@@ -114,12 +116,11 @@ def check_finite(plan, weight_amax) -> tuple[tf.Tensor, tf.Tensor]:
     if plan.crossings is not None:
         plan.crossings.finish()  # the boundaries' gradients that still wait
         crossed = plan.crossings.reduced
-    finite_each = [
-        [tf.math.is_finite(a) for a in group]
-        + [tf.math.is_finite(crossed[id(b)].amax) for b in c.inside if id(b) in crossed]
+    amax_each = [
+        group + [crossed[id(b)].amax for b in c.inside if id(b) in crossed]
         for group, c in zip(weight_amax, plan.components)
     ]
-    not_finite = _not_finite_per_component(finite_each)
+    not_finite = _not_finite_per_component(amax_each)
     finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
     reached = _statistics.reached_on_any_replica(tf.logical_and(not_finite, plan.loss_finite))
     return finite, reached
@@ -190,7 +191,7 @@ def next_period(old: tf.Tensor, new: tf.Tensor, elapsed: tf.Tensor, longest: int
     Example:
 
     >>> import tensorflow as tf
-    >>> next_period(tf.constant([4.0, 8.0]), tf.constant([4.0, 2.0]), tf.constant(6), 16).numpy()
+    >>> int(next_period(tf.constant([4.0, 8.0]), tf.constant([4.0, 2.0]), tf.constant(6), 16))
     6
     """
     old = tf.convert_to_tensor(old, tf.float32)
@@ -233,18 +234,19 @@ def unscale(gradient, reciprocal):
     return tf.cast(tf.cast(gradient, tf.float32) * reciprocal, gradient.dtype)
 
 
-def _not_finite_per_component(finite_each: list[list[tf.Tensor]]) -> tf.Tensor:
-    """Per component, True if any of its checks (`finite_each[i]`, scalar bools) is False.
+def _not_finite_per_component(amax_each: list[list[tf.Tensor]]) -> tf.Tensor:
+    """Per component, True if any of its largest magnitudes (`amax_each[i]`,
+    float32 scalars) is not finite.
 
-    One reduction of all checks at once, not one small one per component; a
-    component with no checks is finite.
+    One check of all of them at once, not one small one per component; a
+    component with nothing to check is finite.
     """
-    components = [i for i, group in enumerate(finite_each) for _ in group]
+    components = [i for i, group in enumerate(amax_each) for _ in group]
     if not components:
-        return tf.zeros([len(finite_each)], tf.bool)
-    finite = tf.stack([check for group in finite_each for check in group])
+        return tf.zeros([len(amax_each)], tf.bool)
+    finite = tf.math.is_finite(tf.stack([a for group in amax_each for a in group]))
     not_finite = tf.cast(tf.logical_not(finite), tf.int32)
-    return tf.math.unsorted_segment_max(not_finite, components, len(finite_each)) > 0
+    return tf.math.unsorted_segment_max(not_finite, components, len(amax_each)) > 0
 
 
 def _computed_in_float16(variable) -> bool:

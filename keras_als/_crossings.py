@@ -26,7 +26,7 @@ import math
 
 import tensorflow as tf
 
-from keras_als._statistics import amax, mean_square, subnormals, values_of, zeros
+from keras_als._statistics import amaxes, mean_square, subnormals, values_of, zeros
 
 WAITING_BYTES = 64 * 1024
 """Crossing gradients kept alive at most (plus the one that arrived last)."""
@@ -82,8 +82,10 @@ class Crossings:
 
         def reduce():
             values = []
+            each = iter(amaxes([g for _, gradients in waiting for g in gradients]))
             for _, gradients in waiting:
-                values.append(tf.reduce_max(tf.stack([amax(g) for g in gradients])))
+                largest = [next(each) for _ in gradients]
+                values.append(largest[0] if len(largest) == 1 else tf.reduce_max(tf.stack(largest)))
                 values.append(tf.add_n([mean_square(g) for g in gradients]) / len(gradients))
                 if self.count_zeros:
                     counts = [zeros(g) for g in gradients]

@@ -198,11 +198,12 @@ def test_the_step_record_keeps_no_dropped_optimizer_or_layer_alive():
 def test_finiteness_is_checked_per_component_and_a_component_without_values_is_finite():
     from keras_als import _apply_phases
 
+    inf, nan = float("inf"), float("nan")
     checks = [
-        [tf.constant(True), tf.constant(False)],
+        [tf.constant(1.0), tf.constant(inf)],
         [],
-        [tf.constant(True)],
-        [tf.constant(False)],
+        [tf.constant(65504.0)],
+        [tf.constant(nan)],
     ]
     not_finite = _apply_phases._not_finite_per_component(checks)
     assert not_finite.numpy().tolist() == [True, False, False, True]
@@ -221,6 +222,9 @@ def test_amax_of_a_gradient_is_its_largest_magnitude_in_float32_with_nan_reading
     assert _statistics.amax(half).dtype == tf.float32
     assert float(_statistics.amax(half * 2)) == float("inf")  # float16 overflow
     assert float(_statistics.amax(tf.constant([1.0, float("nan")]))) == float("inf")
+    assert float(_statistics.amax(tf.zeros((0, 3)))) == 0.0  # nothing: not -inf
+    several = _statistics.amaxes([dense, half, rows])
+    assert [float(a) for a in several] == [3.0, 65504.0, 7.0]
 
 
 def _conditionals_holding(hlo: str, op_name_part: str) -> int:
