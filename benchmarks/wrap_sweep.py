@@ -13,7 +13,8 @@ constructors, mean-pooled):
    Keras's `LossScaleOptimizer` from the same weights on the same batches;
    the skipped steps of each.
 
-`python -m benchmarks.wrap_sweep [--steps N] [--models a,b]` prints a table and
+`python -m benchmarks.wrap_sweep [--steps N] [--models a,b]` (50 steps by
+default: the first 50 are issue 12's skip target) prints a table and
 writes benchmarks/results/wrap_sweep.md. A model that fails says where: in
 KerasHub itself (Keras's optimizer fails on it too), or in keras_als.
 """
@@ -264,7 +265,7 @@ def _in_fresh_process(name: str, steps: int) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=50, help="the first 50: issue 12's target")
     parser.add_argument("--models", default=",".join(BACKBONES + APPLICATIONS))
     parser.add_argument("--out", default="benchmarks/results/wrap_sweep.md")
     parser.add_argument("--one", help=argparse.SUPPRESS)
