@@ -28,7 +28,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     crossed = plan.crossings.reduced
     # Unstacked here, not outside: a branch that measures reads one vector, not a scalar each.
     each_scale = tf.unstack(plan.scales)
-    amaxes, mean_squares, overflow, silent, flushed = [], [], [], [], []
+    largest, mean_squares, overflow, silent, flushed = [], [], [], [], []
     for i, component in enumerate(plan.components):
         scale = each_scale[i]
         seen = list(weight_amax[i])
@@ -57,7 +57,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
         came_in_finite = (
             tf.reduce_all(tf.stack(incoming_finite)) if incoming_finite else tf.constant(True)
         )
-        amaxes.append(component_amax)
+        largest.append(component_amax)
         mean_squares.append(component_square)
         started_here = tf.logical_not(tf.math.is_finite(component_amax))
         overflow.append(tf.logical_and(started_here, came_in_finite))
@@ -66,7 +66,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
             tf.reduce_max(tf.stack(incoming_amax)) == 0 if incoming_amax else tf.constant(False)
         )
     return policies.Statistics(
-        amax=tf.stack(amaxes),
+        amax=tf.stack(largest),
         mean_square=tf.stack(mean_squares),
         overflow=tf.stack(overflow),
         silent=tf.stack(silent),
@@ -123,31 +123,28 @@ def values_of(tensor):
     return tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
 
 
-def amax(tensor: tf.Tensor) -> tf.Tensor:
-    """Largest absolute value of `tensor`, as float32; inf if any value is NaN.
+def amaxes(tensors: list) -> list[tf.Tensor]:
+    """Largest absolute value of each of `tensors` (Tensors or IndexedSlices),
+    as float32; inf where a value is NaN, 0 where a tensor has no values.
+
+    The tensors share the constant they need (fewer operations for the
+    compiler: a traced step takes one per weight gradient). Each reduces over
+    its own shape: flattened first, they made a compiled step slower on a CPU
+    (see `_apply_phases.group_and_unscale`).
 
     Example:
 
-    >>> float(amax(tf.constant([1.0, -3.0])))
-    3.0
-    """
-    return amaxes([tensor])[0]
-
-
-def amaxes(tensors: list) -> list[tf.Tensor]:
-    """`amax` of each of `tensors`, sharing the constant they need (fewer
-    operations for the compiler: a traced step takes one per weight gradient).
-
-    Each reduces over its own shape: flattened first, they made a compiled
-    step slower on a CPU (see `_apply_phases.group_and_unscale`).
+    >>> [float(a) for a in amaxes([tf.constant([1.0, -3.0]), tf.constant([2.0])])]
+    [3.0, 2.0]
     """
     infinite = {}
     result = []
     for tensor in tensors:
-        if values_of(tensor).shape.num_elements() == 0:  # a max of nothing is -inf
+        values = values_of(tensor)
+        if values.shape.num_elements() == 0:  # a max of nothing is -inf
             result.append(tf.constant(0.0))
             continue
-        magnitude = tf.abs(values_of(tensor))
+        magnitude = tf.abs(values)
         if magnitude.dtype not in infinite:
             infinite[magnitude.dtype] = tf.constant(float("inf"), magnitude.dtype)
         # XLA's CPU backend drops NaN from a max; inf does not go away.
