@@ -202,3 +202,64 @@ def test_float32_and_bfloat16_policies_train_without_error(policy):
         keras.config.set_dtype_policy("float32")
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert int(optimizer.skipped_steps.numpy()) == 0
+
+
+class NanGradientAtFirstPosition(keras.layers.Layer):
+    """`sqrt(0 * e)` at the first position, `e` elsewhere: 0 forward, a NaN
+    gradient backward (`0 * inf`) at the first position only."""
+
+    def call(self, embedded):
+        first = keras.ops.sqrt(embedded[:, :1] * 0.0)
+        return keras.ops.concatenate([first, embedded[:, 1:]], axis=1)
+
+
+def _embedding_model(nan_at_first_position: bool) -> keras.Model:
+    """Tokens (batch, 2) -> Embedding(8, 4) -> Dense(1). With
+    `nan_at_first_position`, the embedding's gradient has a NaN row for the
+    first position's token and finite rows for the others."""
+    tokens = keras.Input((2,), dtype="int32")
+    embedded = keras.layers.Embedding(8, 4)(tokens)
+    if nan_at_first_position:
+        embedded = NanGradientAtFirstPosition()(embedded)
+    flat = keras.layers.Flatten()(embedded)
+    return keras.Model(tokens, keras.layers.Dense(1, dtype="float32")(flat))
+
+
+REPEATED_TOKEN = np.array([[3, 3]], "int32")  # the NaN row and a finite row, both token 3
+
+
+def test_a_nan_embedding_row_at_a_repeated_token_skips_the_step(mixed):
+    """The embedding's gradient is IndexedSlices with token 3's row twice, one
+    NaN and one finite. keras_als reads each row (`_statistics.amaxes`), skips
+    the step and changes no weight or slot; Keras's LossScaleOptimizer applies
+    it (next test)."""
+    keras.utils.set_random_seed(0)
+    model = keras_als.wrap_model(_embedding_model(nan_at_first_position=True))
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    step = training_step(model, optimizer)
+    y = np.ones((1, 1), "float32")
+    step(np.array([[1, 2]], "int32"), y)  # builds the optimizer's slots
+    before = snapshot(model, optimizer)
+    step(REPEATED_TOKEN, y)
+    assert int(optimizer.skipped_steps.numpy()) == 2  # a NaN row each time
+    assert_unchanged(model, optimizer, before)
+
+
+def test_keras_loss_scale_optimizer_applies_a_nan_embedding_row_at_a_repeated_token(mixed):
+    """A fact about Keras 3.15 on TensorFlow that the benchmarks' tables rest
+    on: its finiteness check, `all(isfinite(g))` on IndexedSlices, densifies
+    the per-row booleans by summing them, so a non-finite row next to a finite
+    row of the same token reads as finite. The step is applied, and Adam
+    writes NaN into that token's embedding. (KerasHub Llama, Mistral and
+    Phi-3 lose their embedding so under Keras's optimizer in
+    `benchmarks.wrap_sweep`.) If this test fails, Keras fixed it: update the
+    README's sweep section."""
+    keras.utils.set_random_seed(0)
+    model = _embedding_model(nan_at_first_position=True)
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=optimizer, loss="mse")
+    model.train_on_batch(REPEATED_TOKEN, np.ones((1, 1), "float32"))
+    embedding = model.layers[1].embeddings.numpy()
+    assert int(optimizer.iterations.numpy()) == 1  # applied, not skipped
+    assert np.isnan(embedding[3]).any()
+    assert np.isfinite(np.delete(embedding, 3, axis=0)).all()
