@@ -11,7 +11,10 @@ constructors, mean-pooled):
    same outputs;
 2. mixed_float16, XLA, Adam, batch 8: `--steps` steps with keras_als and with
    Keras's `LossScaleOptimizer` from the same weights on the same batches;
-   the skipped steps of each.
+   the skipped steps of each, and how many of its weights hold a value that
+   is not finite at the end (Keras 3.15's optimizer applies a non-finite
+   embedding row next to a finite row of the same token: see
+   `tests/test_faults.py`).
 
 `python -m benchmarks.wrap_sweep [--steps N] [--models a,b]` (50 steps by
 default: the first 50 are issue 12's skip target) prints a table and
@@ -166,7 +169,10 @@ def batches(model: keras.Model, count: int, seed: int = 0) -> list:
     return [(inputs(), rng.integers(0, 2, 8)) for _ in range(count)]
 
 
-def _skipped_training(model, optimizer, data) -> int:
+def _skipped_training(model, optimizer, data) -> tuple[int, int]:
+    """Trains `model` on `data`: its skipped steps, and its weights that hold
+    a value that is not finite at the end (an optimizer that applied a
+    non-finite gradient)."""
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -174,7 +180,8 @@ def _skipped_training(model, optimizer, data) -> int:
     )
     for x, y in data:
         model.train_on_batch(x, y)
-    return len(data) - int(optimizer.inner_optimizer.iterations.numpy())
+    skipped = len(data) - int(optimizer.inner_optimizer.iterations.numpy())
+    return skipped, sum(not np.isfinite(w).all() for w in model.get_weights())
 
 
 def try_model(make, steps: int) -> dict:
@@ -202,9 +209,8 @@ def try_model(make, steps: int) -> dict:
             keras.utils.set_random_seed(0)
             reference = make()
             reference.set_weights(weights)
-            row["keras"] = _skipped_training(
-                reference, keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3)), data
-            )
+            keras_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+            row["keras"], keras_not_finite = _skipped_training(reference, keras_optimizer, data)
         except Exception as error:
             row["error"] = f"fails with Keras's optimizer too: {type(error).__name__}"
             return row
@@ -212,7 +218,8 @@ def try_model(make, steps: int) -> dict:
             warnings.simplefilter("ignore")
             wrapped = keras_als.wrap_model(plain)
         optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
-        row["keras_als"] = _skipped_training(wrapped, optimizer, data)
+        row["keras_als"], not_finite = _skipped_training(wrapped, optimizer, data)
+        row["weights_not_finite"] = {"keras": keras_not_finite, "keras_als": not_finite}
         row["scales"] = len(optimizer.layer_scales())
     except Exception as error:
         row["error"] = f"keras_als: {type(error).__name__}: {str(error)[:200]}"
@@ -229,19 +236,23 @@ def markdown(rows: dict, steps: int) -> str:
         "mixed_float16, XLA, Adam 1e-3, batch 8, the same weights and batches for both.",
         "",
         "| model | weights equal | outputs equal | layers shared (config) | scales "
-        "| skipped: Keras LSO / keras_als |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| skipped: Keras LSO / keras_als | weights not finite at the end: Keras LSO / "
+        "keras_als |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in rows.items():
         if "error" in row and "keras_als" not in row:
             lines.append(
                 f"| {name} | {row.get('weights_equal', '')} "
-                f"| {row.get('outputs_equal', '')} | | | {row['error']} |"
+                f"| {row.get('outputs_equal', '')} | | | {row['error']} | |"
             )
             continue
+        not_finite = row.get("weights_not_finite")
+        not_finite = f"{not_finite['keras']} / {not_finite['keras_als']}" if not_finite else "-"
         lines.append(
             f"| {name} | {row['weights_equal']} | {row['outputs_equal']} "
-            f"| {row['shared_layers']} | {row['scales']} | {row['keras']} / {row['keras_als']} |"
+            f"| {row['shared_layers']} | {row['scales']} | {row['keras']} / {row['keras_als']} "
+            f"| {not_finite} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -337,6 +337,7 @@ def test_the_wrap_sweep_row_of_a_small_model_has_equal_copies_and_both_skip_coun
     assert row["weights_equal"] and row["outputs_equal"] and row["shared_layers"] == 0
     assert row["scales"] == 3  # the loss, the convolution, the head
     assert 0 <= row["keras_als"] <= 3 and 0 <= row["keras"] <= 3
+    assert row["weights_not_finite"] == {"keras": 0, "keras_als": 0}
     table = wrap_sweep.markdown({"small": row, "broken": {"error": "keras_als: ValueError"}}, 3)
-    assert f"| small | True | True | 0 | 3 | {row['keras']} / {row['keras_als']} |" in table
-    assert "| broken |  |  | | | keras_als: ValueError |" in table
+    assert f"| small | True | True | 0 | 3 | {row['keras']} / {row['keras_als']} | 0 / 0 |" in table
+    assert "| broken |  |  | | | keras_als: ValueError | |" in table
