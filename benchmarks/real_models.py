@@ -237,15 +237,20 @@ def skipped(optimizer, steps: int) -> int:
     return steps - int(optimizer.iterations.numpy())
 
 
-def skip_trace(name: str, method: str, steps: int, seed: int = 0) -> list[int]:
-    """Skipped steps after each of `steps` training steps (same weights and batches)."""
+def skip_trace(name: str, method: str, steps: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Skipped steps after each of `steps` training steps (same weights and
+    batches), and the steps on which keras_als's optimizer measured (empty for
+    Keras's; step 0 always measures)."""
     model, optimizer = build(name, method, seed)
     x, y = data(name, steps, seed)
-    trace = []
+    ours = isinstance(optimizer, keras_als.AdaptiveLossScaleOptimizer)
+    trace, measured = [], []
     for i in range(steps):
+        if ours and (i == 0 or int(optimizer.steps_until_measuring.numpy()) == 0):
+            measured.append(i)
         model.train_on_batch(batch(x, i), y[i * BATCH : (i + 1) * BATCH])
         trace.append(skipped(optimizer, i + 1))
-    return trace
+    return trace, measured
 
 
 def step_times(name: str, rounds: int = 100, seed: int = 0, instances: int = INSTANCES) -> dict:
@@ -813,7 +818,7 @@ def main(argv=None) -> None:
         if "skips" in parts:
             for method in methods:
                 keras.utils.clear_session()
-                trace = skip_trace(name, method, args.steps)
+                trace, measured = skip_trace(name, method, args.steps)
                 first = trace[min(49, len(trace) - 1)]
                 row[method] = {
                     "first_50": first,
@@ -822,7 +827,15 @@ def main(argv=None) -> None:
                         i for i, n in enumerate(trace) if n > (trace[i - 1] if i else 0)
                     ],
                 }
+                if method == "keras_als":
+                    row[method]["measured_steps"] = len(measured)
             row["steps"] = args.steps
+            if "measured_steps" in row["keras_als"]:
+                print(
+                    f"{name:14s} keras_als measured on {row['keras_als']['measured_steps']} "
+                    f"of {args.steps} steps",
+                    flush=True,
+                )
             print(
                 f"{name:14s} skipped in first 50: keras {row['keras']['first_50']}, keras_als "
                 f"{row['keras_als']['first_50']}; in the {args.steps - 50} after: keras "
