@@ -213,14 +213,12 @@ class NanGradientAtFirstPosition(keras.layers.Layer):
         return keras.ops.concatenate([first, embedded[:, 1:]], axis=1)
 
 
-def _embedding_model(nan_at_first_position: bool) -> keras.Model:
-    """Tokens (batch, 2) -> Embedding(8, 4) -> Dense(1). With
-    `nan_at_first_position`, the embedding's gradient has a NaN row for the
-    first position's token and finite rows for the others."""
+def _embedding_model() -> keras.Model:
+    """Tokens (batch, 2) -> Embedding(8, 4) -> Dense(1), whose embedding
+    gradient has a NaN row for the first position's token and finite rows for
+    the others."""
     tokens = keras.Input((2,), dtype="int32")
-    embedded = keras.layers.Embedding(8, 4)(tokens)
-    if nan_at_first_position:
-        embedded = NanGradientAtFirstPosition()(embedded)
+    embedded = NanGradientAtFirstPosition()(keras.layers.Embedding(8, 4)(tokens))
     flat = keras.layers.Flatten()(embedded)
     return keras.Model(tokens, keras.layers.Dense(1, dtype="float32")(flat))
 
@@ -234,7 +232,7 @@ def test_a_nan_embedding_row_at_a_repeated_token_skips_the_step(mixed):
     the step and changes no weight or slot; Keras's LossScaleOptimizer applies
     it (next test)."""
     keras.utils.set_random_seed(0)
-    model = keras_als.wrap_model(_embedding_model(nan_at_first_position=True))
+    model = keras_als.wrap_model(_embedding_model())
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
     step = training_step(model, optimizer)
     y = np.ones((1, 1), "float32")
@@ -250,12 +248,12 @@ def test_keras_loss_scale_optimizer_applies_a_nan_embedding_row_at_a_repeated_to
     on: its finiteness check, `all(isfinite(g))` on IndexedSlices, densifies
     the per-row booleans by summing them, so a non-finite row next to a finite
     row of the same token reads as finite. The step is applied, and Adam
-    writes NaN into that token's embedding. (KerasHub Llama, Mistral and
-    Phi-3 lose their embedding so under Keras's optimizer in
+    writes NaN into that token's embedding. (KerasHub Llama, Llama 3,
+    Mistral and Phi-3 lose their embedding so under Keras's optimizer in
     `benchmarks.wrap_sweep`.) If this test fails, Keras fixed it: update the
     README's sweep section."""
     keras.utils.set_random_seed(0)
-    model = _embedding_model(nan_at_first_position=True)
+    model = _embedding_model()
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
     model.compile(optimizer=optimizer, loss="mse")
     model.train_on_batch(REPEATED_TOKEN, np.ones((1, 1), "float32"))
