@@ -316,3 +316,24 @@ def test_vgg16_without_normalization_skips_no_more_steps_than_keras_in_its_first
     assert "error" not in row, row
     assert row["weights_equal"] and row["outputs_equal"], row
     assert row["keras_als"] <= row["keras"], row
+
+
+@pytest.mark.slow
+def test_on_a_llama_backbone_keras_writes_nan_into_the_embedding_and_keras_als_does_not():
+    """The README's reading of the sweep's Llama rows, on the backbone itself:
+    a tiny KerasHub Llama backbone, `benchmarks.wrap_sweep`'s run over its
+    first 12 steps (mixed_float16, XLA, batch 8, the same weights and batches).
+    Keras's LossScaleOptimizer ends with a weight that holds a non-finite value
+    (it applied a non-finite embedding gradient: `tests/test_faults.py`);
+    keras_als ends with every weight finite, skipping at most as many steps.
+    If Keras fixes its check, the first assertion fails: update the README."""
+
+    def llama():
+        return real_models.mean_pooled(wrap_sweep.tiny_backbone("LlamaBackbone"))
+
+    row = wrap_sweep.try_model(llama, steps=12)
+    print(row)
+    assert "error" not in row, row
+    assert row["weights_not_finite"]["keras"] >= 1, row
+    assert row["weights_not_finite"]["keras_als"] == 0, row
+    assert row["keras_als"] <= row["keras"], row
