@@ -22,16 +22,18 @@ What the phases write into the optimizer's state per scale is in
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import keras
 import tensorflow as tf
 
-from keras_als import _forward_state, _scale_state, _skip, _statistics
+from keras_als import _forward_state, _scale_state, _skip, _statistics, policies
 from keras_als.wrapper import owner_of
 
-SETTLING = 2.0**4
-"""A scale that moved by this factor or more is still settling: measure again."""
+PLANNED_GROWTH = 3.0
+"""Binades of gradient growth, at the rate last measured, that a measuring
+period may let pass: half of `policies.MaxSafe`'s default margin."""
 
 
 def run(optimizer, plan, grads: list, variables: list) -> None:
@@ -173,34 +175,40 @@ def next_period(old: tf.Tensor, new: tf.Tensor, elapsed: tf.Tensor, longest: int
     """Steps from this measurement to the next, from how far it moved the scales.
 
     `elapsed` steps passed since the last measurement, and the scales went
-    from `old` to `new` (powers of two). A scale that fell by `2**b` means
-    gradients that grew about `2**b`-fold in `elapsed` steps; the next period
-    is chosen so that growth at that rate stays within half of `MaxSafe`'s
-    margin of 6 binades:
+    from `old` to `new` (powers of two). A scale that fell by `2**b` says its
+    gradients grew about `b / elapsed` binades per step; the next period is
+    the longest in which growth at that rate stays within `PLANNED_GROWTH`
+    (half of `MaxSafe`'s margin of 6 binades), and at most twice `elapsed`:
 
-    - a scale moved by `SETTLING` (16x) or more, up or down: 1 step (still settling);
-    - a scale fell by 8x: half of `elapsed` (at least 1);
-    - a scale fell by 4x: `elapsed` again;
-    - else twice `elapsed`;
+        period = min(2 * elapsed, floor(PLANNED_GROWTH * elapsed / b))
 
-    and never more than `longest` (`measure_every_n_steps`). So settled scales
-    are measured after 1, 2, 4, 8, then every 16 steps, and a model whose
-    gradients keep growing (VGG16 under Adam, which has no normalization) is
-    measured as often as its growth needs.
+    for the largest fall `b` of any scale; 1 step where a scale rose by
+    `BLIND_GROWTH` or more (a guess for gradients that were all zero, checked
+    on the next step); never more than `longest` (`measure_every_n_steps`).
+    So settled scales are measured after 1, 2, 4, 8, then every 16 steps; a
+    model whose gradients keep growing (VGG16 under Adam, which has no
+    normalization) is measured as often as its growth needs; and a scale that
+    only swings with the batch (ConvNeXt's last stages at 32x32, 16-fold from
+    one batch to the next) shortens the period in proportion, not to 1 step.
 
     Example:
 
     >>> import tensorflow as tf
     >>> int(next_period(tf.constant([4.0, 8.0]), tf.constant([4.0, 2.0]), tf.constant(6), 16))
-    6
+    9
     """
     old = tf.convert_to_tensor(old, tf.float32)
     new = tf.convert_to_tensor(new, tf.float32)
     elapsed = tf.convert_to_tensor(elapsed)
-    fell = tf.reduce_max(old / new)
-    period = tf.where(fell >= 2.0**2, elapsed, 2 * elapsed)
-    period = tf.where(fell >= 2.0**3, elapsed // 2, period)
-    period = tf.where(_moved_far(old, new), tf.ones_like(period), period)
+    fell = tf.round(tf.math.log(tf.reduce_max(old / new)) / math.log(2.0))  # binades, exact
+    twice = 2 * elapsed
+    in_proportion = tf.cast(
+        tf.floor(PLANNED_GROWTH * tf.cast(elapsed, tf.float32) / tf.maximum(fell, 1.0)),
+        elapsed.dtype,
+    )
+    period = tf.where(fell > 0, tf.minimum(twice, in_proportion), twice)
+    guessed = tf.reduce_any(new / old >= policies.BLIND_GROWTH)
+    period = tf.where(guessed, tf.ones_like(period), period)
     return tf.clip_by_value(period, 1, longest)
 
 
@@ -254,9 +262,3 @@ def _computed_in_float16(variable) -> bool:
     owner = owner_of(variable)
     dtype = owner.layer.compute_dtype if owner is not None else None
     return (dtype or keras.config.dtype_policy().compute_dtype) == "float16"
-
-
-def _moved_far(old: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
-    """True if some scale changed by a factor of `SETTLING` or more."""
-    ratio = new / old
-    return tf.reduce_any(tf.logical_or(ratio >= SETTLING, ratio <= 1.0 / SETTLING))

@@ -1,10 +1,10 @@
 """`measure_every_n_steps`: when the boundaries measure and the scales change.
 
 The scales may change only on a measuring step: on the step after a skipped
-one, on the step after a measurement that moved a scale by `SETTLING` or more,
-and else after a period that doubles from 1 up to n while the scales hold and
-shrinks while the gradients grow (`_apply_phases.next_period`). Steps in
-between keep every scale.
+one, on the step after a measurement that grew a scale blind (its gradients
+were all zero), and else after a period that doubles from 1 up to n while the
+scales hold and shrinks in proportion to how fast the gradients grow
+(`_apply_phases.next_period`). Steps in between keep every scale.
 """
 
 import keras
@@ -116,16 +116,37 @@ def test_gradients_that_keep_growing_overflow_once_then_are_measured_often_enoug
     assert len(measured) <= {1: 0.7, 2: 1.0}[binades_per_step] * steps, measured
 
 
+def test_gradients_that_only_swing_with_the_batch_are_not_measured_on_most_steps():
+    # Each batch's gradients are 1x or 16x (at random) those of the last: a
+    # measurement sees its scales fall or rise 16-fold about half the time,
+    # as ConvNeXtTiny's last stages at 32x32 do. 16x stays within the margin
+    # of 6 binades, so nothing overflows, and the period need not drop to 1
+    # step at each swing (measuring on every other step or so: 629 of 1,050
+    # steps on ConvNeXtTiny before the period followed the rate of growth).
+    optimizer, factor, step = _setup(16)
+    swings = np.random.default_rng(1).integers(0, 2, 200)
+    measured = []
+    for i, swing in enumerate(swings):
+        factor.assign(16.0 ** float(swing))
+        step()
+        if int(optimizer.steps_since_measured.numpy()) == 0:
+            measured.append(i)
+    assert int(optimizer.skipped_steps.numpy()) == 0
+    assert len(measured) <= 40, measured  # 200 / 16 = 12.5 at the longest period
+
+
 @pytest.mark.parametrize(
     ("fell", "elapsed", "period"),
     [
         (1.0, 1, 2),  # held: twice the last period
-        (2.0, 4, 8),  # fell 2x: twice
-        (4.0, 4, 4),  # fell 4x: the same
-        (8.0, 4, 2),  # fell 8x: half
+        (2.0, 4, 8),  # fell 1 binade: twice (3 binades at that rate would take 12)
+        (4.0, 4, 6),  # fell 2 binades in 4 steps: 3 binades take 6
+        (8.0, 4, 4),  # fell 3: the same period
+        (16.0, 8, 6),  # fell 4 in 8 steps: 3 binades take 6
+        (2.0**6, 16, 8),  # fell 6: half
         (8.0, 1, 1),  # ... at least 1
-        (16.0, 8, 1),  # moved by SETTLING: the next step
-        (1 / 16, 8, 1),  # rose by SETTLING too
+        (1 / 16, 8, 16),  # rose: twice
+        (1 / policies.BLIND_GROWTH, 8, 1),  # grew blind (gradients all zero): the next step
         (1.0, 12, 16),  # never more than n
     ],
 )
@@ -208,21 +229,6 @@ def test_the_period_survives_get_config():
 def test_an_invalid_period_names_the_argument(value):
     with pytest.raises(ValueError, match="measure_every_n_steps"):
         keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(), measure_every_n_steps=value)
-
-
-@pytest.mark.parametrize(
-    ("old", "new", "moved"),
-    [
-        ([2.0**10, 2.0**3], [2.0**10, 2.0**3], False),
-        ([2.0**10, 2.0**3], [2.0**13, 2.0**2], False),
-        ([2.0**10, 2.0**3], [2.0**14, 2.0**3], True),
-        ([2.0**10, 2.0**3], [2.0**10, 2.0**-1], True),
-    ],
-)
-def test_settling_means_a_scale_moved_by_sixteen_or_more(old, new, moved):
-    assert _apply_phases.SETTLING == 16.0
-    result = _apply_phases._moved_far(tf.constant(old), tf.constant(new))
-    assert bool(result.numpy()) is moved
 
 
 def test_an_overflow_right_after_a_measurement_raised_the_scales_far_returns_them_at_once():
