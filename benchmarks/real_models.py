@@ -629,6 +629,12 @@ def missed(row: dict) -> list[str]:
     return names
 
 
+def _measured_cell(row: dict) -> str:
+    """On how many of its steps keras_als measured (`skip_trace`), or "-" if not recorded."""
+    measured = row["keras_als"].get("measured_steps")
+    return "-" if measured is None else f"{measured} steps"
+
+
 def _step_cell(row: dict) -> str:
     """The step time ratio, with its standard error and the Keras instances' spread."""
     cell = f"{row['step_ratio']:.3f}x"
@@ -673,9 +679,9 @@ def markdown(results: dict) -> str:
         "XLA's buffer assignment.",
         "",
         "| model | steps | skipped in first 50 (Keras / keras_als) | skipped after "
-        "(Keras / keras_als) | step time | compile time (s, Keras / keras_als) | first step "
-        "without XLA (s) | XLA step memory | targets missed |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "(Keras / keras_als) | keras_als measured on | step time | compile time (s, Keras / "
+        "keras_als) | first step without XLA (s) | XLA step memory | targets missed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in results["models"].items():
         if "compile_seconds" not in row:
@@ -684,7 +690,7 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {name} | {row['steps']} | {row['keras']['first_50']} / "
             f"{row['keras_als']['first_50']} | {row['keras']['after_50']} / "
-            f"{row['keras_als']['after_50']} | {_step_cell(row)} "
+            f"{row['keras_als']['after_50']} | {_measured_cell(row)} | {_step_cell(row)} "
             f"| {row['compile_ratio']:.3f}x ({compiled['keras']:.1f} / "
             f"{compiled['keras_als']:.1f}) | {traced['keras']:.1f} / {traced['keras_als']:.1f} "
             f"| {row['memory_ratio']:.3f}x | {', '.join(missed(row)) or 'none'} |"
@@ -694,20 +700,23 @@ def markdown(results: dict) -> str:
     if others:
         lines += [
             "",
-            "Skipped steps alone (`--parts skips`), on more models of the same families "
+            "Skipped steps (`--parts skips`) and, where measured, step time (`--parts step`), "
+            "on more models of the same families "
             "(`OTHER_FAMILIES`: keras.applications models at 32x32 under the same head, "
             "tiny KerasHub backbones mean-pooled):",
             "",
             "| model | steps | skipped in first 50 (Keras / keras_als) | skipped after "
-            "(Keras / keras_als) | targets missed |",
-            "| --- | --- | --- | --- | --- |",
+            "(Keras / keras_als) | keras_als measured on | step time | targets missed |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name in others:
             row = models[name]
             lines.append(
                 f"| {name} | {row['steps']} | {row['keras']['first_50']} / "
                 f"{row['keras_als']['first_50']} | {row['keras']['after_50']} / "
-                f"{row['keras_als']['after_50']} | {', '.join(missed(row)) or 'none'} |"
+                f"{row['keras_als']['after_50']} | {_measured_cell(row)} | "
+                f"{_step_cell(row) if 'step_ratio' in row else '-'} | "
+                f"{', '.join(missed(row)) or 'none'} |"
             )
     broken_down = {n: r["breakdown_ms"] for n, r in models.items() if "breakdown_ms" in r}
     if broken_down:

@@ -213,7 +213,7 @@ def test_real_model_table_gives_each_ablation_as_ms_and_a_ratio_to_keras():
         "| m | 5.00 (1.000x) | - | 6.00 (1.200x) | - | 5.50 (1.100x) | 5.10 (1.020x) | - "
         "| 5.20 (1.040x) |" in text
     )
-    assert "| m | 1050 | 6 / 3 | 1 / 1 | 1.020x | 1.200x (10.0 / 12.0) | 5.0 / 6.0 |" in text
+    assert "| m | 1050 | 6 / 3 | 1 / 1 | - | 1.020x | 1.200x (10.0 / 12.0) | 5.0 / 6.0 |" in text
 
 
 def test_real_model_step_ratio_is_a_ratio_of_geometric_means_with_a_standard_error():
@@ -261,9 +261,15 @@ def test_models_measured_for_skipped_steps_alone_get_a_table_of_their_own():
     }
     results = {"batch": 8, "models": {"m": _real_model_row(1), "convnext_tiny": skips_only}}
     text = real_models.markdown(results)
-    main_table, other_table = text.split("Skipped steps alone")
+    main_table, other_table = text.split("Skipped steps (`--parts skips`)")
     assert "| m | 1050 | 6 / 3 |" in main_table and "convnext_tiny" not in main_table
-    assert "| convnext_tiny | 1050 | 4 / 5 | 0 / 2 | skips_first_50, skips_after_50 |" in (
+    assert "| convnext_tiny | 1050 | 4 / 5 | 0 / 2 | - | - | skips_first_50, skips_after_50 |" in (
+        other_table
+    )
+    skips_only["keras_als"]["measured_steps"] = 91
+    skips_only.update(step_ratio=1.02, step_ratio_se=0.001, keras_spread=1.03)
+    other_table = real_models.markdown(results).split("Skipped steps (`--parts skips`)")[1]
+    assert "| 0 / 2 | 91 steps | 1.020x ± 0.001 (1.03x) | skips_first_50, skips_after_50 |" in (
         other_table
     )
 
