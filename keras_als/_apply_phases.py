@@ -147,7 +147,7 @@ def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, upda
     policy for the next scales and records what was measured. Returns the
     steps until the next measurement (`next_period`; read only where
     `measuring`): a measurement before the first update (`updated` false)
-    raises no scale."""
+    raises no scale, and the next step measures again, one update later."""
 
     def measured():
         statistics = _statistics.measure(plan, gradients.weight_amax, gradients.weight_grads)
@@ -157,7 +157,8 @@ def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, upda
         proposed = _scale_state.choose_scales(optimizer, plan, statistics, finite, step, updated)
         _scale_state.record_measurement(optimizer, plan, statistics, gradients)
         elapsed = optimizer.steps_since_measured + 1
-        return next_period(plan.scales, proposed, elapsed, optimizer.measure_every_n_steps)
+        period = next_period(plan.scales, proposed, elapsed, optimizer.measure_every_n_steps)
+        return tf.where(updated, period, tf.ones_like(period))
 
     if _statistics.several_replicas():
         # Replicas can neither gather nor assign inside a cond: only the

@@ -53,12 +53,14 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         measure_every_n_steps: The longest period between steps that measure
             the gradients and let the `policy` choose new scales (the paper's
             `update_per_n_iteration`). The step after a skipped step measures,
-            and so does the next one while a scale still moves by 16x or more
-            per measurement; then the period doubles up to this (1, 2, 4, 8,
-            16), and shrinks again while gradients grow (a scale that fell
-            8-fold halves it). Between, the scales stay and the boundaries skip
-            their one reduction per layer, the main cost of keras_als. Whether
-            a step is finite is checked on every step.
+            and so do the step after the first and the step after a blind
+            growth (gradients all zero); else the period doubles up to this
+            (1, 2, 4, 8, 16), and shrinks while gradients grow, to the longest
+            in which growth at the rate last measured stays within 3 binades
+            (a scale that fell 8-fold in 8 steps keeps 8). Between, the
+            scales stay and the boundaries skip their one reduction per
+            layer, the main cost of keras_als. Whether a step is finite is
+            checked on every step.
         warn_after_skipped_steps: After this many skipped steps in a row (or
             when a quarter of the last `SKIP_WINDOW` steps were skipped),
             `telemetry()` and `ScaleMonitor` report the scaling as stuck and

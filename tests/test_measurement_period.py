@@ -265,6 +265,18 @@ class _LayerScale(keras.layers.Layer):
         return inputs * keras.ops.cast(self.gamma, inputs.dtype)
 
 
+def test_the_step_after_the_first_measures_again_to_raise_what_the_first_held():
+    # At scale 1 the first step's gradients ask for scales about 2**13 higher
+    # (less than a blind growth); before the first update none may rise, so
+    # the next step measures, one update later, and raises them.
+    optimizer, _, step = _setup(16, initial_scale=1.0)
+    step()
+    assert max(optimizer.layer_scales().values()) <= 1.0
+    assert int(optimizer.steps_until_measuring.numpy()) == 0
+    step()
+    assert min(optimizer.layer_scales().values()) >= 2.0**8, optimizer.layer_scales()
+
+
 def test_no_scale_rises_before_the_first_update_so_weights_initialised_near_zero_do_not_overflow():
     # The dense layer's gradients pass through a layer scale of 1e-6 (ConvNeXt's
     # init): at the initial weights they are ~2**-20 of their size one Adam
