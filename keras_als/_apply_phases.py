@@ -202,12 +202,12 @@ def next_period(old: tf.Tensor, new: tf.Tensor, elapsed: tf.Tensor, longest: int
     new = tf.convert_to_tensor(new, tf.float32)
     elapsed = tf.convert_to_tensor(elapsed)
     fell = tf.round(tf.math.log(tf.reduce_max(old / new)) / math.log(2.0))  # binades, exact
-    twice = 2 * elapsed
+    # A fall of at most 1 binade allows 3 * elapsed, more than twice.
     in_proportion = tf.cast(
         tf.floor(PLANNED_GROWTH * tf.cast(elapsed, tf.float32) / tf.maximum(fell, 1.0)),
         elapsed.dtype,
     )
-    period = tf.where(fell > 0, tf.minimum(twice, in_proportion), twice)
+    period = tf.minimum(2 * elapsed, in_proportion)
     guessed = tf.reduce_any(new / old >= policies.BLIND_GROWTH)
     period = tf.where(guessed, tf.ones_like(period), period)
     return tf.clip_by_value(period, 1, longest)
