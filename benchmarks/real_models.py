@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -237,20 +238,32 @@ def skipped(optimizer, steps: int) -> int:
     return steps - int(optimizer.iterations.numpy())
 
 
-def skip_trace(name: str, method: str, steps: int, seed: int = 0) -> tuple[list[int], list[int]]:
-    """Skipped steps after each of `steps` training steps (same weights and
-    batches), and the steps on which keras_als's optimizer measured (empty for
-    Keras's; step 0 always measures)."""
+class SkipRun(NamedTuple):
+    """What one skip run recorded (`skip_trace`), one entry per step in `skipped` and `losses`."""
+
+    skipped: list[int]
+    """Steps skipped so far, after each step."""
+    measured: list[int]
+    """The steps on which keras_als's optimizer measured its scales (empty for Keras's)."""
+    losses: list[float]
+    """Each step's training loss."""
+
+
+def skip_trace(name: str, method: str, steps: int, seed: int = 0) -> SkipRun:
+    """Trains `name` for `steps` steps with `method` (mixed_float16, XLA, Adam,
+    batch 8; the same weights and batches for either method) and records the
+    skipped steps, the measuring steps (step 0 always measures) and the losses."""
     model, optimizer = build(name, method, seed)
     x, y = data(name, steps, seed)
     ours = isinstance(optimizer, keras_als.AdaptiveLossScaleOptimizer)
-    trace, measured = [], []
+    run = SkipRun([], [], [])
     for i in range(steps):
         if ours and (i == 0 or int(optimizer.steps_until_measuring.numpy()) == 0):
-            measured.append(i)
-        model.train_on_batch(batch(x, i), y[i * BATCH : (i + 1) * BATCH])
-        trace.append(skipped(optimizer, i + 1))
-    return trace, measured
+            run.measured.append(i)
+        loss = model.train_on_batch(batch(x, i), y[i * BATCH : (i + 1) * BATCH])
+        run.losses.append(float(loss))
+        run.skipped.append(skipped(optimizer, i + 1))
+    return run
 
 
 def step_times(name: str, rounds: int = 100, seed: int = 0, instances: int = INSTANCES) -> dict:
@@ -827,7 +840,7 @@ def main(argv=None) -> None:
         if "skips" in parts:
             for method in methods:
                 keras.utils.clear_session()
-                trace, measured = skip_trace(name, method, args.steps)
+                trace, measured, _ = skip_trace(name, method, args.steps)
                 first = trace[min(49, len(trace) - 1)]
                 row[method] = {
                     "first_50": first,

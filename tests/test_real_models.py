@@ -204,25 +204,19 @@ def _flat(grads):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_mixed_float16_training_skips_no_more_steps_than_keras(name):
-    """mixed_float16, XLA, Adam, batch 8, the same weights and batches: over the
-    first 50 steps keras_als skips at most as many steps as Keras's
-    LossScaleOptimizer, and its losses stay finite."""
-    steps = 50
-    skipped, losses = {}, {}
+    """The benchmark's skip run (`real_models.skip_trace`: mixed_float16, XLA,
+    Adam, batch 8, the same weights and batches) over 50 steps: keras_als skips
+    at most as many steps as Keras's LossScaleOptimizer, and its losses stay
+    finite."""
+    runs = {}
     for method in ("keras", "keras_als"):
         keras.utils.clear_session()
-        model, optimizer = real_models.build(name, method)
-        x, y = real_models.data(name, steps)
-        history = []
-        for i in range(steps):
-            batch_y = y[i * real_models.BATCH : (i + 1) * real_models.BATCH]
-            history.append(float(model.train_on_batch(real_models.batch(x, i), batch_y)))
-        skipped[method] = real_models.skipped(optimizer, steps)
-        losses[method] = history
+        runs[method] = real_models.skip_trace(name, method, 50)
+    skipped = {method: run.skipped[-1] for method, run in runs.items()}
     keras.config.set_dtype_policy("float32")
     print(name, skipped)
     assert skipped["keras_als"] <= skipped["keras"], skipped
-    assert all(np.isfinite(losses["keras_als"]))
+    assert all(np.isfinite(runs["keras_als"].losses))
 
 
 @pytest.mark.slow
@@ -234,7 +228,7 @@ def test_after_the_first_50_steps_keras_als_skips_at_most_1_in_1000_and_rarely_m
     one step in ten (the period grows while scales hold; GPT-2 measures on 75,
     BERT on 70)."""
     steps = 1050
-    trace, measured = real_models.skip_trace(name, "keras_als", steps)
+    trace, measured, _ = real_models.skip_trace(name, "keras_als", steps)
     keras.config.set_dtype_policy("float32")
     print(name, "skipped in the first 50:", trace[49], "after:", trace[-1] - trace[49])
     print(name, "measured on", len(measured), "steps")
