@@ -14,12 +14,14 @@ mixed_float16 with XLA, with Keras's `LossScaleOptimizer` and with keras_als
 on the same weights and batches, and prints the skipped steps (in the first 50
 steps and in the rest), and the cost of keras_als over Keras's: step time
 (`--instances` compiled instances of each, 3 by default, steps interleaved,
-with a standard error: `step_times`), compile time (first step in fresh
-processes, with and without XLA) and XLA step memory (fresh processes, see
-`benchmarks.memory`); `breakdown` times ablations that show what the step time
-is spent on (`step_breakdown`); `graph` counts the operations of each method's
-traced step (`graph_ops`). It writes benchmarks/results/real_models.json and
-.md; a run of one part keeps the other's results.
+with a standard error: `step_times`; with `--processes P`, in P fresh
+processes, the standard error from their spread: `step_times_in_processes`),
+compile time (first step in fresh processes, with and without XLA) and XLA
+step memory (fresh processes, see `benchmarks.memory`); `breakdown` times
+ablations that show what the step time is spent on (`step_breakdown`);
+`graph` counts the operations of each method's traced step (`graph_ops`). It
+writes benchmarks/results/real_models.json and .md; a run of one part keeps
+the other's results.
 
 Targets (issue 12): skipped steps in the first 50 at most Keras's, and at most
 1 per 1000 after; step time <= 1.03x, compile time <= 1.25x and XLA step memory
@@ -297,6 +299,38 @@ def step_times(name: str, rounds: int = 100, seed: int = 0, instances: int = INS
         "step_instances": instances,
         "step_seconds": each,
     }
+
+
+def step_times_in_processes(name: str, processes: int, instances: int = INSTANCES) -> dict:
+    """Step time of keras_als over Keras's from `processes` fresh processes, each
+    running `step_times` with `instances` instances of each optimizer.
+
+    The instances of one process share its draw of conditions (memory layout,
+    the machine's state while it runs): two runs of `step_times` on GPT-2, ten
+    instances each, the same code, gave 1.040x +- 0.012 and 1.002x +- 0.010, so
+    the standard error within one process understates the spread from run to
+    run. Here each process gives one ratio, and the result is their geometric
+    mean with the standard error of their spread (`ratio_over_processes`).
+    """
+    runs = [_run_probe("step", name, str(instances), True) for _ in range(processes)]
+    ratios = [run["step_ratio"] for run in runs]
+    ratio, standard_error = ratio_over_processes(ratios)
+    return {
+        "step_ratio": ratio,
+        "step_ratio_se": standard_error,
+        "keras_spread": max(run["keras_spread"] for run in runs),
+        "step_instances": instances,
+        "step_processes": processes,
+        "step_process_ratios": ratios,
+        "step_seconds": [run["step_seconds"] for run in runs],
+    }
+
+
+def ratio_over_processes(ratios: list[float]) -> tuple[float, float]:
+    """Geometric mean of `ratios` (one per process) and its standard error,
+    `mean * stdev(log ratios) / sqrt(n)` (first order; NaN with one ratio)."""
+    mean_log, error = common.mean_and_standard_error([math.log(r) for r in ratios])
+    return math.exp(mean_log), math.exp(mean_log) * error
 
 
 def ratio_and_standard_error(ours: list[float], theirs: list[float]) -> tuple[float, float]:
@@ -593,7 +627,11 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
 
     "compile": the first training step's seconds (with or without XLA).
     "memory": five XLA steps, then the XLA step's memory and the peak RSS.
+    "step": `step_times`, with as many instances as `method` says.
     """
+    if kind == "step":
+        print(json.dumps(step_times(name, instances=int(method))))
+        return
     if kind == "compile":
         model, _ = build(name, method, jit=jit)
         x, y = data(name, 1)
@@ -653,7 +691,9 @@ def _step_cell(row: dict) -> str:
     cell = f"{row['step_ratio']:.3f}x"
     if "step_ratio_se" in row:
         cell += f" ± {row['step_ratio_se']:.3f} ({row['keras_spread']:.2f}x)"
-    if row.get("step_instances", INSTANCES) != INSTANCES:
+    if "step_processes" in row:
+        cell += f", {row['step_processes']} processes x {row['step_instances']} instances"
+    elif row.get("step_instances", INSTANCES) != INSTANCES:
         cell += f", {row['step_instances']} instances"
     return cell
 
@@ -801,6 +841,13 @@ def main(argv=None) -> None:
         help="compiled instances per optimizer (step time)",
     )
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="fresh processes the step time is measured in, each with --instances "
+        "instances (1: this process)",
+    )
+    parser.add_argument(
         "--breakdown-instances",
         type=int,
         default=1,
@@ -866,7 +913,12 @@ def main(argv=None) -> None:
             )
         if "cost" in parts or "step" in parts:
             keras.utils.clear_session()
-            row.update(step_times(name, instances=args.instances))
+            for stale in ("step_processes", "step_process_ratios"):
+                row.pop(stale, None)
+            if args.processes > 1:
+                row.update(step_times_in_processes(name, args.processes, args.instances))
+            else:
+                row.update(step_times(name, instances=args.instances))
             print(f"{name:14s} step time {_step_cell(row)}", flush=True)
         if "cost" in parts:
             row.update(compile_times(name, args.repeats))

@@ -240,6 +240,22 @@ def test_real_model_table_gives_the_step_ratio_with_its_error_and_the_keras_spre
     assert "| 1.040x ± 0.012 (1.03x), 6 instances |" in real_models.markdown(
         {"batch": 8, "models": {"m": row}}
     )
+    row["step_processes"] = 5
+    assert "| 1.040x ± 0.012 (1.03x), 5 processes x 6 instances |" in real_models.markdown(
+        {"batch": 8, "models": {"m": row}}
+    )
+
+
+def test_step_time_over_processes_is_the_geometric_mean_with_the_error_of_their_spread():
+    from benchmarks import real_models
+
+    # log ratios 0 and log 1.21: mean log 1.1, stdev log(1.21) / sqrt(2), s.e. half log(1.21)
+    ratio, error = real_models.ratio_over_processes([1.0, 1.21])
+    assert ratio == pytest.approx(1.1, rel=1e-12)
+    assert error == pytest.approx(1.1 * math.log(1.21) / 2, rel=1e-12)
+    ratio, error = real_models.ratio_over_processes([1.03, 1.03, 1.03])
+    assert (ratio, error) == (pytest.approx(1.03, rel=1e-12), pytest.approx(0.0, abs=1e-12))
+    assert math.isnan(real_models.ratio_over_processes([1.02])[1])
 
 
 def test_a_step_ratio_below_the_target_by_less_than_two_standard_errors_is_at_the_line():
