@@ -110,6 +110,7 @@ def _train(model, optimizer, x, y, steps, jit_compile=True):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=jit_compile,
     )
+    assert len(y) >= steps * real_models.BATCH, "fewer batches than steps"
     for i in range(steps):
         model.train_on_batch(
             real_models.batch(x, i), y[i * real_models.BATCH :][: real_models.BATCH]
@@ -158,10 +159,13 @@ def test_one_step_unscaled_gradients_match_the_plain_model_within_float32_roundi
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
         keras.optimizers.SGD(0.0), measure_every_n_steps=1
     )
-    x, y = real_models.data(name, 1)
-    # Settles the scales (weights stay); a TensorFlow graph here, which spares
-    # one XLA compile of the model: the gradients compared below are XLA's.
-    _train(wrapped, optimizer, x, y, steps=3, jit_compile=False)
+    settling = 3
+    inputs, labels = real_models.data(name, settling)
+    # Settles the scales on three batches (weights stay); a TensorFlow graph
+    # here, which spares one XLA compile of the model: the gradients compared
+    # below, on the first batch, are XLA's.
+    _train(wrapped, optimizer, inputs, labels, steps=settling, jit_compile=False)
+    x, y = real_models.batch(inputs, 0), labels[: real_models.BATCH]
     assert max(optimizer.layer_scales().values()) > 1.0
     # Training moved BatchNorm's moving statistics in the wrapped model only.
     for ours, theirs in zip(plain.weights, wrapped.weights):
