@@ -251,12 +251,19 @@ class SkipRun(NamedTuple):
     """Each step's training loss."""
 
 
-def skip_trace(name: str, method: str, steps: int, seed: int = 0) -> SkipRun:
+def skip_trace(
+    name: str, method: str, steps: int, seed: int = 0, batches: int | None = None
+) -> SkipRun:
     """Trains `name` for `steps` steps with `method` (mixed_float16, XLA, Adam,
     batch 8; the same weights and batches for either method) and records the
-    skipped steps, the measuring steps (step 0 always measures) and the losses."""
+    skipped steps, the measuring steps (step 0 always measures) and the losses.
+
+    The batches are the first `steps` of `data(name, batches)` (`batches`
+    defaults to `steps`): a run of 50 steps with `batches=1050` trains on the
+    first 50 batches of the 1,050-step run.
+    """
     model, optimizer = build(name, method, seed)
-    x, y = data(name, steps, seed)
+    x, y = data(name, max(steps, batches or steps), seed)
     ours = isinstance(optimizer, keras_als.AdaptiveLossScaleOptimizer)
     run = SkipRun([], [], [])
     for i in range(steps):
