@@ -225,19 +225,21 @@ def wrap_model(model: keras.Model, scale_each_output: bool = False) -> keras.Mod
     one scale each instead of sharing one along the trunk. Other layers stay
     as they are. Nested graph models (Sequential, Functional, and subclasses
     of Functional such as KerasHub backbones) are wrapped layer by layer at any
-    depth. The copy has the same weights (values copied, not shared) and
-    computes the same outputs; it saves and loads as a `.keras` file. Each
+    depth. The copy has the same weights (values copied, not shared),
+    computes the same outputs, and saves and loads as a `.keras` file. Each
     wrapper takes the name of the layer it wraps, so `get_layer`, the output
     names (the keys of a loss or metric dict, of `history`) and the names in
     `model.summary()` are the original model's.
 
-    A subclass of a functional model (a KerasHub backbone or task, say) is
-    copied as a plain `keras.Model` with the same inputs, outputs and layers:
-    methods of its own class (such as a task's `generate`) are not carried over,
-    and its `weights` are listed in graph order, where the original lists them
-    in the order it tracked its layers as attributes (KerasHub's ESM2 and
-    XLNet backbones): copy weights between the two layer by layer
-    (`get_layer(name)`), not with `set_weights(model.get_weights())`.
+    A subclass of a functional model (a KerasHub backbone or task) is copied
+    as a plain `keras.Model` with the same graph: its own methods (a task's
+    `generate`) are not carried over, and its `weights` are in graph order,
+    not the order the original tracked its layers in (KerasHub's ESM2 and
+    XLNet): copy weights between the two with `get_layer(name)`, not
+    `set_weights(model.get_weights())`. A layer called both inside a nested
+    model and around it (a KerasHub causal LM's token embedding) stays one
+    layer, so tied weights stay tied; Keras 3.15 cannot load such a graph
+    from a `.keras` file, wrapped or not: keep its weights with `save_weights`.
 
     Layers are copied from their configs, as `keras.models.clone_model` copies
     them. A layer whose config does not round-trip (a bug of that layer, such
@@ -297,10 +299,18 @@ def wrap_model(model: keras.Model, scale_each_output: bool = False) -> keras.Mod
 
 class _Copies:
     """What `_copy_wrapped` made: each layer with weights and its copy (at any
-    depth), and the layers it could not copy (names, with the error)."""
+    depth), the copy that stands for each layer (`made`, by the layer's `id`),
+    and the layers it could not copy (names, with the error).
+
+    `made` spans every depth: a layer called both inside a nested model and in
+    the model around it (the token embedding a KerasHub causal LM calls again,
+    reversed, on the backbone's output: its output weights are tied to the
+    input's) gets one copy, called at both places, so the copy ties them too.
+    """
 
     def __init__(self):
         self.pairs: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
+        self.made: dict[int, keras.layers.Layer] = {}
         self.not_copied: dict[str, str] = {}
 
 
@@ -348,6 +358,11 @@ def _copy_wrapped(
     def copy_layer(layer):
         if not isinstance(layer, keras.layers.Layer):  # an operation, e.g. keras.ops.add
             return layer
+        if id(layer) not in copies.made:
+            copies.made[id(layer)] = new_copy(layer)
+        return copies.made[id(layer)]
+
+    def new_copy(layer):
         if _is_graph_model(layer):
             return _copy_wrapped(layer, copies)
         clone = _copy_of(layer, copies.not_copied)

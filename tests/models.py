@@ -82,6 +82,25 @@ def shared_layer():
     )
 
 
+def layer_shared_with_a_nested_model():
+    """A layer called inside a nested model and again on the nested model's
+    output, as a KerasHub causal LM calls its backbone's token embedding."""
+    shared = layers.Dense(12, activation="tanh", name="shared")
+    inner_inputs = keras.Input((12,))
+    hidden = shared(inner_inputs)
+    for _ in range(4):  # gradients shrink about 4x per sigmoid: scales that differ
+        hidden = layers.Dense(12, activation="sigmoid")(hidden)
+    inner = keras.Model(inner_inputs, hidden, name="inner")
+    inputs = keras.Input((12,))
+    outputs = layers.Dense(2)(shared(inner(inputs)))
+    rng = _rng()
+    return (
+        keras.Model(inputs, outputs),
+        rng.normal(size=(48, 12)).astype("float32"),
+        rng.normal(size=(48, 2)).astype("float32"),
+    )
+
+
 def two_outputs():
     inputs = keras.Input((10,))
     h = layers.Dense(24, activation="relu")(inputs)
@@ -125,14 +144,29 @@ ALL_SHAPES = {
     "residual_cnn": residual_cnn,
     "fan_out_concat": fan_out_concat,
     "shared_layer": shared_layer,
+    "layer_shared_with_a_nested_model": layer_shared_with_a_nested_model,
     "two_outputs": two_outputs,
     "transformer_block": transformer_block,
 }
 
 
 def copy_of(model):
-    """An unwrapped copy of `model` with the same weights (the reference)."""
-    clone = keras.models.clone_model(model)
+    """An unwrapped copy of `model` with the same weights (the reference).
+
+    A layer called both in a nested model and around it stays one layer
+    (`keras.models.clone_model` alone would copy it twice).
+    """
+    made = {}
+
+    def copy(layer):
+        if id(layer) not in made:
+            if isinstance(layer, keras.Model):
+                made[id(layer)] = keras.models.clone_model(layer, clone_function=copy)
+            else:
+                made[id(layer)] = layer.__class__.from_config(layer.get_config())
+        return made[id(layer)]
+
+    clone = keras.models.clone_model(model, clone_function=copy)
     clone.set_weights(model.get_weights())
     return clone
 

@@ -343,3 +343,63 @@ def test_on_a_llama_backbone_keras_writes_nan_into_the_embedding_and_keras_als_d
     assert row["weights_not_finite"]["keras"] >= 1, row
     assert row["weights_not_finite"]["keras_als"] == 0, row
     assert row["keras_als"] <= row["keras"], row
+
+
+def _keras_hub_task(name):
+    """A tiny KerasHub task, without dropout (runs compared step by step
+    would draw different masks)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    if name == "gpt2_causal_lm":
+        backbone = keras_hub.models.GPT2Backbone(**real_models.TINY_BACKBONE, dropout=0.0)
+        return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    backbone = keras_hub.models.BertBackbone(**real_models.TINY_BACKBONE, dropout=0.0)
+    return keras_hub.models.BertTextClassifier(
+        backbone, num_classes=2, preprocessor=None, dropout=0.0
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2_causal_lm", "bert_text_classifier"])
+def test_a_keras_hub_task_wraps_with_its_tied_weights_and_trains_as_the_plain_model(name):
+    """KerasHub tasks are subclasses of Functional around a backbone. GPT-2's
+    causal LM calls the backbone's token embedding a second time, reversed, on
+    the backbone's output (its output weights are the input's): the copy calls
+    one embedding at both places, so it has the original's weights, not one
+    more. Every weight and output equal; float32, SGD, 3 steps: keras_als's
+    chosen scales and scale 1 give bit-identical weights, and both stay within
+    1e-5 of the plain model's (relative to its largest weight)."""
+    model = _keras_hub_task(name)
+    wrapped = keras_als.wrap_model(model)
+    assert len(wrapped.weights) == len(model.weights)
+    for layer in _all_layers(model):
+        for w, v in zip(layer.weights, _find(wrapped, layer.name).weights, strict=True):
+            np.testing.assert_array_equal(np.asarray(v), np.asarray(w))
+    x, _ = real_models.data("bert_tiny" if "bert" in name else "gpt2_tiny", 3)
+    y = x["token_ids"] % 2 if "gpt2" in name else np.arange(len(x["token_ids"])) % 2
+    np.testing.assert_array_equal(_outputs(wrapped, x), _outputs(model, x))
+
+    def train(model, policy=None):
+        optimizer = keras.optimizers.SGD(0.1)
+        if policy is not None:
+            optimizer = keras_als.AdaptiveLossScaleOptimizer(
+                optimizer, policy=policy, measure_every_n_steps=1
+            )
+        _train(model, optimizer, x, y, steps=3, jit_compile=False)
+        return optimizer, [np.asarray(w) for w in model.weights]
+
+    plain = train(_keras_hub_task(name))[1]
+    optimizer, chosen = train(wrapped, "max_safe")
+    assert len(set(optimizer.layer_scales().values())) > 1, optimizer.layer_scales()
+    one = train(keras_als.wrap_model(model), policies.Fixed(default=1.0))[1]
+    for a, b in zip(chosen, one, strict=True):
+        np.testing.assert_array_equal(a, b)
+    largest = max(np.max(np.abs(w)) for w in plain)
+    assert max(np.max(np.abs(a - b)) for a, b in zip(chosen, plain, strict=True)) <= 1e-5 * largest
+
+
+def _find(model, name):
+    """The layer called `name` in `model` or a model nested in it, unwrapped."""
+    layer = next(layer for layer in _all_layers(model) if layer.name == name)
+    return layer.layer if isinstance(layer, keras_als.AdaptiveScaled) else layer
