@@ -24,6 +24,7 @@ __all__ = [
     "producer",
     "set_keras_mask",
     "strategy_supports_no_merge_call",
+    "untrack_layer",
 ]
 
 # Functional: the class of every graph model built from inputs and outputs,
@@ -86,3 +87,14 @@ def strategy_supports_no_merge_call() -> bool:
     context; TensorFlow exposes it under `tf.__internal__` only.
     """
     return tf.__internal__.distribute.strategy_supports_no_merge_call()
+
+
+def untrack_layer(owner, layer) -> None:
+    """Stops `owner` tracking `layer` as one of its layers (its weights leave `owner`'s).
+
+    `wrap_model` ties a copied layer to a layer copied elsewhere (a KerasHub
+    masked LM head and the backbone's token embedding) by setting the
+    attribute anew; Keras tracks every layer ever set as an attribute, in the
+    private `_tracker`, and has no public way to drop the replaced one.
+    """
+    owner._tracker.untrack(layer)

@@ -17,6 +17,7 @@ from keras_als._keras_private import (
     input_name,
     producer,
     set_keras_mask,
+    untrack_layer,
 )
 
 _OWNER = "_keras_als_owner"
@@ -236,10 +237,10 @@ def wrap_model(model: keras.Model, scale_each_output: bool = False) -> keras.Mod
     `generate`) are not carried over, and its `weights` are in graph order,
     not the order the original tracked its layers in (KerasHub's ESM2 and
     XLNet): copy weights between the two with `get_layer(name)`, not
-    `set_weights(model.get_weights())`. A layer called both inside a nested
-    model and around it (a KerasHub causal LM's token embedding) stays one
-    layer, so tied weights stay tied; Keras 3.15 cannot load such a graph
-    from a `.keras` file, wrapped or not: keep its weights with `save_weights`.
+    `set_weights(model.get_weights())`. A layer used in two places of a
+    nested graph (the token embedding a KerasHub causal or masked LM reuses)
+    stays one layer, so tied weights stay tied; Keras 3.15 cannot load such a
+    graph from a `.keras` file, wrapped or not: keep its weights with `save_weights`.
 
     Layers are copied from their configs, as `keras.models.clone_model` copies
     them. A layer whose config does not round-trip (a bug of that layer, such
@@ -366,6 +367,11 @@ def _copy_wrapped(
         if _is_graph_model(layer):
             return _copy_wrapped(layer, copies)
         clone = _copy_of(layer, copies.not_copied)
+        if clone is not layer:
+            _tie_held_layers(layer, clone, copies.made)
+            config = _build_config_that_copies(layer)
+            if config and not clone.built:
+                clone.build_from_config(config)
         if layer.weights:
             copies.pairs.append((layer, clone))
         if isinstance(layer, AdaptiveScaled) or not layer.trainable_weights:
@@ -398,6 +404,54 @@ def _copy_of(layer: keras.layers.Layer, not_copied: dict[str, str]) -> keras.lay
     except Exception as error:
         not_copied[layer.name] = f"{type(layer).__name__}: {type(error).__name__}: {error}"
         return layer
+
+
+def _tie_held_layers(original, clone, made: dict) -> None:
+    """Ties the layers `clone` holds as attributes to the copies made elsewhere.
+
+    A layer may hold another layer of the model: KerasHub's masked LM head
+    holds the backbone's token embedding, and its copy from config holds a
+    new one. Where the held layer was copied already (`made`), the clone
+    holds that copy instead; else `made` learns the clone's own, so that the
+    graph calling the held layer elsewhere (KerasHub's OPT causal LM calls a
+    layer of its backbone's embeddings layer) calls the clone's.
+    """
+    for name, held in vars(original).items():
+        ours = getattr(clone, name, None)
+        if not isinstance(held, keras.layers.Layer) or not isinstance(ours, type(held)):
+            continue
+        if id(held) in made:
+            copy = made[id(held)]
+            untrack_layer(clone, ours)
+            setattr(clone, name, copy.layer if isinstance(copy, AdaptiveScaled) else copy)
+        elif ours is not held:
+            made[id(held)] = ours
+            _tie_held_layers(held, ours, made)
+
+
+def _build_config_that_copies(layer) -> dict | None:
+    """`layer`'s build config, where a copy built from it makes `layer`'s weights
+    and `layer` gives its output spec itself.
+
+    The wrapper then needs no trace of `call` to build the copy, which a layer
+    may not allow on symbolic shapes (KerasHub's Qwen 3.5 decoder branches in
+    Python on its sequence length), as Keras's own call does not. A layer that
+    makes weights in `call` (KerasHub's DeBERTa relative embedding) gets
+    None, checked on a throwaway copy: its copy builds on its first call, as
+    do Keras's own layers.
+    """
+    if type(layer).__module__.startswith("keras."):  # Keras's own layers trace
+        return None
+    config = layer.get_build_config() if layer.built else None
+    if not config or not has_own_output_spec(layer):
+        return None
+    try:
+        probe = layer.__class__.from_config(layer.get_config())
+        probe.build_from_config(config)
+    except Exception:
+        return None
+    same = [tuple(w.shape) for w in probe.weights] == [tuple(w.shape) for w in layer.weights]
+    return config if same else None
 
 
 def _warn_not_copied(not_copied: dict[str, str]) -> None:

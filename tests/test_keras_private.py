@@ -91,3 +91,18 @@ def test_no_automatic_dependency_tracking_keeps_an_attribute_out_of_tracking():
 
 def test_the_default_strategy_is_asked_without_error():
     assert isinstance(private.strategy_supports_no_merge_call(), bool)
+
+
+def test_untrack_layer_drops_a_replaced_layer_and_its_weights_from_the_owner():
+    class Holder(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.held = keras.layers.Dense(2)
+
+    holder = Holder()
+    replaced, new = holder.held, keras.layers.Dense(3)
+    replaced.build((None, 4))
+    new.build((None, 4))
+    private.untrack_layer(holder, replaced)
+    holder.held = new
+    assert [tuple(w.shape) for w in holder.weights] == [(4, 3), (3,)]

@@ -345,40 +345,65 @@ def test_on_a_llama_backbone_keras_writes_nan_into_the_embedding_and_keras_als_d
     assert row["keras_als"] <= row["keras"], row
 
 
+TASKS = {  # task class, backbone class
+    "gpt2_causal_lm": ("GPT2CausalLM", "GPT2Backbone"),
+    "opt_causal_lm": ("OPTCausalLM", "OPTBackbone"),
+    "bert_masked_lm": ("BertMaskedLM", "BertBackbone"),
+    "bert_text_classifier": ("BertTextClassifier", "BertBackbone"),
+}
+
+
 def _keras_hub_task(name):
     """A tiny KerasHub task, without dropout (runs compared step by step
     would draw different masks)."""
     import keras_hub
 
+    task, backbone = (getattr(keras_hub.models, n) for n in TASKS[name])
     keras.utils.set_random_seed(0)
-    if name == "gpt2_causal_lm":
-        backbone = keras_hub.models.GPT2Backbone(**real_models.TINY_BACKBONE, dropout=0.0)
-        return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    backbone = keras_hub.models.BertBackbone(**real_models.TINY_BACKBONE, dropout=0.0)
-    return keras_hub.models.BertTextClassifier(
-        backbone, num_classes=2, preprocessor=None, dropout=0.0
-    )
+    backbone = backbone(**real_models.TINY_BACKBONE, dropout=0.0)
+    if name == "bert_text_classifier":
+        return task(backbone, num_classes=2, preprocessor=None, dropout=0.0)
+    return task(backbone=backbone, preprocessor=None)
+
+
+def _task_batches(name, batches):
+    """Inputs and labels for `batches` batches of task `name`."""
+    rng = np.random.default_rng(0)
+    n, length = batches * real_models.BATCH, real_models.SEQUENCE
+    tokens = rng.integers(1, real_models.VOCABULARY, (n, length)).astype("int32")
+    x = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
+    if name.startswith("bert"):
+        x["segment_ids"] = np.zeros_like(tokens)
+    if name == "bert_text_classifier":
+        return x, rng.integers(0, 2, n)
+    if name == "bert_masked_lm":
+        x["mask_positions"] = np.tile(np.array([[1, 5]], "int32"), (n, 1))
+        return x, tokens[:, [1, 5]]
+    return x, np.roll(tokens, -1, axis=1)  # the next token
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gpt2_causal_lm", "bert_text_classifier"])
+@pytest.mark.parametrize("name", sorted(TASKS))
 def test_a_keras_hub_task_wraps_with_its_tied_weights_and_trains_as_the_plain_model(name):
-    """KerasHub tasks are subclasses of Functional around a backbone. GPT-2's
-    causal LM calls the backbone's token embedding a second time, reversed, on
-    the backbone's output (its output weights are the input's): the copy calls
-    one embedding at both places, so it has the original's weights, not one
-    more. Every weight and output equal; float32, SGD, 3 steps: keras_als's
-    chosen scales and scale 1 give bit-identical weights, and both stay within
-    1e-5 of the plain model's (relative to its largest weight)."""
+    """KerasHub tasks are subclasses of Functional around a backbone, and some
+    call a backbone's layer again: GPT-2's and OPT's causal LMs call the token
+    embedding (OPT's sits inside its embeddings layer), reversed, on the
+    backbone's output, and BERT's masked LM head holds the backbone's token
+    embedding. The copy ties them as the original does, so it has the
+    original's weights and not one more. Every weight and output equal;
+    float32, SGD, 3 steps: scales that differ from layer to layer and scale 1
+    give bit-identical weights, and both stay within 1e-5 of the plain task's
+    (relative to its largest weight)."""
     model = _keras_hub_task(name)
     wrapped = keras_als.wrap_model(model)
     assert len(wrapped.weights) == len(model.weights)
     for layer in _all_layers(model):
         for w, v in zip(layer.weights, _find(wrapped, layer.name).weights, strict=True):
             np.testing.assert_array_equal(np.asarray(v), np.asarray(w))
-    x, _ = real_models.data("bert_tiny" if "bert" in name else "gpt2_tiny", 3)
-    y = x["token_ids"] % 2 if "gpt2" in name else np.arange(len(x["token_ids"])) % 2
-    np.testing.assert_array_equal(_outputs(wrapped, x), _outputs(model, x))
+    x, y = _task_batches(name, 3)
+    np.testing.assert_array_equal(
+        _outputs(wrapped, real_models.batch(x, 0)), _outputs(model, real_models.batch(x, 0))
+    )
 
     def train(model, policy=None):
         optimizer = keras.optimizers.SGD(0.1)
@@ -390,7 +415,12 @@ def test_a_keras_hub_task_wraps_with_its_tied_weights_and_trains_as_the_plain_mo
         return optimizer, [np.asarray(w) for w in model.weights]
 
     plain = train(_keras_hub_task(name))[1]
-    optimizer, chosen = train(wrapped, "max_safe")
+    names = [layer.layer.name for layer in _all_layers(wrapped) if _has_scale(layer)]
+    differing = policies.Fixed(  # 2**20 .. 2**-1, from layer to layer; the loss's 2**-3
+        default=1.0,
+        scales={n: 2.0 ** (20 - 7 * (i % 4)) for i, n in enumerate(names)} | {"loss": 2.0**-3},
+    )
+    optimizer, chosen = train(wrapped, differing)
     assert len(set(optimizer.layer_scales().values())) > 1, optimizer.layer_scales()
     one = train(keras_als.wrap_model(model), policies.Fixed(default=1.0))[1]
     for a, b in zip(chosen, one, strict=True):
@@ -399,7 +429,51 @@ def test_a_keras_hub_task_wraps_with_its_tied_weights_and_trains_as_the_plain_mo
     assert max(np.max(np.abs(a - b)) for a, b in zip(chosen, plain, strict=True)) <= 1e-5 * largest
 
 
+def _has_scale(layer):
+    return isinstance(layer, keras_als.AdaptiveScaled) and bool(layer.trainable_weights)
+
+
 def _find(model, name):
     """The layer called `name` in `model` or a model nested in it, unwrapped."""
     layer = next(layer for layer in _all_layers(model) if layer.name == name)
     return layer.layer if isinstance(layer, keras_als.AdaptiveScaled) else layer
+
+
+MORE_TASKS = [
+    "DebertaV3MaskedLM",  # a layer that makes weights in call
+    "FalconCausalLM",
+    "GemmaCausalLM",
+    "Qwen3_5CausalLM",  # a decoder that cannot be traced on symbolic shapes
+    "RobertaMaskedLM",
+    "XLMRobertaTextClassifier",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MORE_TASKS)
+def test_more_keras_hub_tasks_wrap_with_every_weight_and_output_equal(name):
+    """Tasks of more families, on tiny backbones (`wrap_sweep.tiny_backbone`):
+    the copy has the original's weights, bit for bit, and its outputs."""
+    import keras_hub
+
+    task_class = getattr(keras_hub.models, name)
+    keras.utils.set_random_seed(0)
+    backbone = wrap_sweep.tiny_backbone(task_class.backbone_cls.__name__)
+    extra = {"num_classes": 2} if name.endswith("Classifier") else {}
+    model = task_class(backbone=backbone, preprocessor=None, **extra)
+    wrapped = keras_als.wrap_model(model)
+    assert len(wrapped.weights) == len(model.weights)
+    for layer in _all_layers(model):
+        for w, v in zip(layer.weights, _find(wrapped, layer.name).weights, strict=True):
+            np.testing.assert_array_equal(np.asarray(v), np.asarray(w))
+    rng = np.random.default_rng(0)
+    x = {}
+    for key, tensor in model.input.items():
+        shape = (2, *(real_models.SEQUENCE if d is None else d for d in tensor.shape[1:]))
+        if "mask" in key and key != "mask_positions":
+            x[key] = np.ones(shape, "int32")
+        elif key == "segment_ids":
+            x[key] = np.zeros(shape, "int32")
+        else:
+            x[key] = rng.integers(1, 4, shape).astype("int32")
+    np.testing.assert_array_equal(_outputs(wrapped, x), _outputs(model, x))
