@@ -368,10 +368,7 @@ def _copy_wrapped(
             return _copy_wrapped(layer, copies)
         clone = _copy_of(layer, copies.not_copied)
         if clone is not layer:
-            _tie_held_layers(layer, clone, copies.made)
-            config = _build_config_that_copies(layer)
-            if config and not clone.built:
-                clone.build_from_config(config)
+            clone = _tied_and_built(layer, clone, copies)
         if layer.weights:
             copies.pairs.append((layer, clone))
         if isinstance(layer, AdaptiveScaled) or not layer.trainable_weights:
@@ -429,29 +426,34 @@ def _tie_held_layers(original, clone, made: dict) -> None:
             _tie_held_layers(held, ours, made)
 
 
-def _build_config_that_copies(layer) -> dict | None:
-    """`layer`'s build config, where a copy built from it makes `layer`'s weights
-    and `layer` gives its output spec itself.
+def _tied_and_built(layer, clone, copies: _Copies):
+    """`clone` with its held layers tied (`_tie_held_layers`) and, where `layer`
+    gives its output spec itself, built from `layer`'s build config.
 
     The wrapper then needs no trace of `call` to build the copy, which a layer
     may not allow on symbolic shapes (KerasHub's Qwen 3.5 decoder branches in
-    Python on its sequence length), as Keras's own call does not. A layer that
-    makes weights in `call` (KerasHub's DeBERTa relative embedding) gets
-    None, checked on a throwaway copy: its copy builds on its first call, as
-    do Keras's own layers.
+    Python on its sequence length), as Keras's own call does not. Where that
+    build fails or makes other weights than `layer` has (a layer that makes
+    some in `call`, as KerasHub's DeBERTa relative embedding), a new copy,
+    left to build on its first call, as Keras's own layers are.
     """
-    if type(layer).__module__.startswith("keras."):  # Keras's own layers trace
-        return None
+    _tie_held_layers(layer, clone, copies.made)
     config = layer.get_build_config() if layer.built else None
-    if not config or not has_own_output_spec(layer):
-        return None
+    if type(layer).__module__.startswith("keras.") or not config or clone.built:
+        return clone
+    if not has_own_output_spec(layer):
+        return clone
     try:
-        probe = layer.__class__.from_config(layer.get_config())
-        probe.build_from_config(config)
+        clone.build_from_config(config)
+        shapes = [tuple(w.shape) for w in clone.weights]
     except Exception:
-        return None
-    same = [tuple(w.shape) for w in probe.weights] == [tuple(w.shape) for w in layer.weights]
-    return config if same else None
+        shapes = None
+    if shapes == [tuple(w.shape) for w in layer.weights]:
+        return clone
+    fresh = _copy_of(layer, copies.not_copied)  # its config round-tripped just now
+    if fresh is not layer:
+        _tie_held_layers(layer, fresh, copies.made)
+    return fresh
 
 
 def _warn_not_copied(not_copied: dict[str, str]) -> None:

@@ -396,10 +396,7 @@ def test_a_keras_hub_task_wraps_with_its_tied_weights_and_trains_as_the_plain_mo
     (relative to its largest weight)."""
     model = _keras_hub_task(name)
     wrapped = keras_als.wrap_model(model)
-    assert len(wrapped.weights) == len(model.weights)
-    for layer in _all_layers(model):
-        for w, v in zip(layer.weights, _find(wrapped, layer.name).weights, strict=True):
-            np.testing.assert_array_equal(np.asarray(v), np.asarray(w))
+    _assert_every_weight_copied_once(model, wrapped)
     x, y = _task_batches(name, 3)
     np.testing.assert_array_equal(
         _outputs(wrapped, real_models.batch(x, 0)), _outputs(model, real_models.batch(x, 0))
@@ -427,6 +424,14 @@ def test_a_keras_hub_task_wraps_with_its_tied_weights_and_trains_as_the_plain_mo
         np.testing.assert_array_equal(a, b)
     largest = max(np.max(np.abs(w)) for w in plain)
     assert max(np.max(np.abs(a - b)) for a, b in zip(chosen, plain, strict=True)) <= 1e-5 * largest
+
+
+def _assert_every_weight_copied_once(model, wrapped):
+    """As many weights (a tied weight is one), each layer's bit-identical to its copy's."""
+    assert len(wrapped.weights) == len(model.weights)
+    for layer in _all_layers(model):
+        for w, v in zip(layer.weights, _find(wrapped, layer.name).weights, strict=True):
+            np.testing.assert_array_equal(np.asarray(v), np.asarray(w))
 
 
 def _has_scale(layer):
@@ -462,10 +467,7 @@ def test_more_keras_hub_tasks_wrap_with_every_weight_and_output_equal(name):
     extra = {"num_classes": 2} if name.endswith("Classifier") else {}
     model = task_class(backbone=backbone, preprocessor=None, **extra)
     wrapped = keras_als.wrap_model(model)
-    assert len(wrapped.weights) == len(model.weights)
-    for layer in _all_layers(model):
-        for w, v in zip(layer.weights, _find(wrapped, layer.name).weights, strict=True):
-            np.testing.assert_array_equal(np.asarray(v), np.asarray(w))
+    _assert_every_weight_copied_once(model, wrapped)
     rng = np.random.default_rng(0)
     x = {}
     for key, tensor in model.input.items():
