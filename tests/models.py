@@ -8,6 +8,9 @@ import keras
 import numpy as np
 from keras import layers
 
+import keras_als
+from keras_als import policies
+
 
 def _rng():
     return np.random.default_rng(7)
@@ -169,6 +172,28 @@ def copy_of(model):
     clone = keras.models.clone_model(model, clone_function=copy)
     clone.set_weights(model.get_weights())
     return clone
+
+
+def all_layers(model):
+    """Every layer of `model` and of the models nested in it, depth first."""
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from all_layers(layer)
+
+
+def per_layer_fixed(wrapped, default=2.0**5):
+    """A `Fixed` policy whose scales, 2**20 .. 2**-1, differ from one wrapped
+    layer of `wrapped` to the next (the loss's 2**-3, any other `default`)."""
+    names = [
+        layer.layer.name
+        for layer in all_layers(wrapped)
+        if isinstance(layer, keras_als.AdaptiveScaled)
+    ]
+    return policies.Fixed(
+        default=default,
+        scales={n: 2.0 ** (20 - 7 * (i % 4)) for i, n in enumerate(names)} | {"loss": 2.0**-3},
+    )
 
 
 def loss_for(model):

@@ -39,25 +39,6 @@ def _train(model, optimizer, x, y, jit_compile=False):
     return model.get_weights()
 
 
-def _per_layer_fixed(model):
-    """Scales 2**-3 .. 2**20 that differ from layer to layer (and from the loss's)."""
-    names = [layer.layer.name for layer in _wrappers(model)]
-    return policies.Fixed(
-        default=2.0**5,
-        scales={n: 2.0 ** (20 - 7 * (i % 4)) for i, n in enumerate(names)} | {"loss": 2.0**-3},
-    )
-
-
-def _wrappers(model):
-    found = []
-    for layer in model.layers:
-        if isinstance(layer, keras_als.AdaptiveScaled):
-            found.append(layer)
-        elif isinstance(layer, keras.Model):
-            found += _wrappers(layer)
-    return found
-
-
 def assert_same_weights(actual, expected, rtol=1e-5):
     assert len(actual) == len(expected)
     largest = max(np.max(np.abs(e)) for e in expected)
@@ -73,7 +54,7 @@ def test_training_gives_the_weights_of_training_without_scaling(shape, inner):
 
     wrapped = keras_als.wrap_model(model)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
-        _inner(inner), policy=_per_layer_fixed(wrapped)
+        _inner(inner), policy=models.per_layer_fixed(wrapped)
     )
     actual = _train(wrapped, optimizer, x, y)
 
@@ -114,7 +95,7 @@ def test_a_scale_per_output_leaves_the_weights_of_training_without_scaling(inner
 
     wrapped = keras_als.wrap_model(model, scale_each_output=True)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
-        _inner(inner), policy=_per_layer_fixed(wrapped)
+        _inner(inner), policy=models.per_layer_fixed(wrapped)
     )
     actual = _train(wrapped, optimizer, x, y)
 
