@@ -36,6 +36,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -207,11 +208,13 @@ def build(
     jit: bool = True,
     wrap: bool | None = None,
     state_variables: int = 0,
+    scale_policy="max_safe",
 ):
     """Model `name` for `method` ("keras" or "keras_als") and its optimizer, compiled
     (with XLA unless `jit` is False); the model is wrapped for keras_als unless
     `wrap` says otherwise, and Keras's optimizer assigns `state_variables` small
-    variables of its own every step (the breakdown's ablations)."""
+    variables of its own every step, and keras_als's takes `scale_policy` (the
+    breakdown's ablations)."""
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(seed)
     model = builder(name)()
@@ -220,7 +223,9 @@ def build(
     if wrap:
         model = keras_als.wrap_model(model)
     if method == "keras_als":
-        optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(
+            keras.optimizers.Adam(1e-3), policy=scale_policy
+        )
     elif state_variables:
         optimizer = _KerasWithState(keras.optimizers.Adam(1e-3), state_variables)
     else:
@@ -377,6 +382,7 @@ ABLATIONS = (
     "keras_with_state",
     "measuring_never",
     "no_boundary_reductions",
+    "no_boundary_multiplies",
     "optimizer_only",
     "wrapper_only",
 )
@@ -423,6 +429,17 @@ class _NoReductions:
         pass
 
 
+ONE_SCALE = 2.0**10
+"""Every scale of the `no_boundary_multiplies` ablation (within Keras's
+dynamic range for these models: no step overflows)."""
+
+
+def _not_multiplied(gradient, ratio):
+    """Stands in for `keras_als._boundary.multiply` where every ratio is 1
+    (all scales `ONE_SCALE`): the boundaries' multiplies, left out."""
+    return gradient
+
+
 def _never_measure_again(optimizer) -> None:
     """Sets `optimizer`'s next measurement a billion steps away."""
     from keras_als import _scale_state
@@ -439,7 +456,9 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0, instances: int =
     of these ratios), keras_als, keras_als whose scales are
     never measured again after the warm-up steps (the next measurement set 10**9 steps away),
     keras_als without the reductions of the gradients crossing the boundaries (an
-    ablation that changes what the scales are chosen from, for costing only), and
+    ablation that changes what the scales are chosen from, for costing only),
+    keras_als without the boundaries' multiplies (every scale `ONE_SCALE`, so
+    every ratio is 1 and leaving them out changes no value), and
     each half alone: keras_als's optimizer on the model not wrapped (one scale,
     the loss's), and the wrapped model with Keras's optimizer; and Keras's
     optimizer assigning, every step, as many small variables of its own as
@@ -451,7 +470,7 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0, instances: int =
     times, and, with two or more instances, `ratio_se`: the standard error of
     each variant's ratio to Keras's (`ratio_and_standard_error`).
     """
-    from keras_als import _crossings
+    from keras_als import _boundary, _crossings
 
     x, y = data(name, 1, seed)
     built, optimizers = {}, {}
@@ -467,22 +486,26 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0, instances: int =
             state = 0
             if variant == "keras_with_state":  # keras and keras_als are built by now
                 state = len(optimizers["keras_als"].variables) - len(optimizers["keras"].variables)
+            unmultiplied = variant == "no_boundary_multiplies"
             model, optimizer = build(
                 name,
                 "keras" if keras_optimizer else "keras_als",
                 seed,
                 wrap=wrap,
                 state_variables=state,
+                scale_policy=keras_als.policies.Fixed(ONE_SCALE) if unmultiplied else "max_safe",
             )
             optimizers[variant] = optimizer
-            original = _crossings.Crossings
+            original = _crossings.Crossings, _boundary.multiply
             if variant == "no_boundary_reductions":
                 _crossings.Crossings = _NoReductions
+            if unmultiplied:
+                _boundary.multiply = _not_multiplied
             try:
                 for _ in range(3):  # trace, compile and warm up
                     model.train_on_batch(x, y)
             finally:
-                _crossings.Crossings = original
+                _crossings.Crossings, _boundary.multiply = original
             if variant == "measuring_never":
                 _never_measure_again(optimizer)
             built[variant, k] = model
@@ -517,21 +540,82 @@ def graph_ops(name: str) -> dict:
 
 
 def step_kernels(name: str) -> dict:
-    """Kernels the XLA-compiled step of each method runs on every step (`kernels_of`).
+    """Kernels the XLA-compiled step of each method runs on every step (`kernels_of`),
+    and whether the wrapped model with Keras's optimizer compiles to the plain
+    model's program (`same_program`): then whatever the wrapper alone seems to
+    cost in a step time is the measurement's noise.
 
     On a CPU each kernel has a fixed cost besides its work, so on a short step
     this count tells what the step time cannot resolve.
     """
+    plain = compiled_step(name, "keras")
+    counts = {
+        "keras": kernels_of(plain),
+        "keras_als": kernels_of(compiled_step(name, "keras_als")),
+        "wrapper_only_same_program": same_program(plain, compiled_step(name, "keras", wrap=True)),
+    }
+    return counts
+
+
+def compiled_step(name: str, method: str, wrap: bool | None = None) -> str:
+    """The optimized HLO text of model `name`'s XLA-compiled training step with
+    `method`'s optimizer (the model wrapped as `build` says), compiled once, not run."""
     x, y = data(name, 1)
     x, y = keras.tree.map_structure(tf.constant, x), tf.constant(y)
-    counts = {}
-    for method in ("keras", "keras_als"):
-        keras.utils.clear_session()
-        model, optimizer = build(name, method)
-        step = _step_function(model, optimizer, jit_compile=True)
-        step(x, y)  # builds the optimizer
-        counts[method] = kernels_of(step.experimental_get_compiler_ir(x, y)(stage="optimized_hlo"))
-    return counts
+    keras.utils.clear_session()
+    model, optimizer = build(name, method, wrap=wrap)
+    optimizer.build(model.trainable_variables)
+    step = _step_function(model, optimizer, jit_compile=True)
+    return step.experimental_get_compiler_ir(x, y)(stage="optimized_hlo")
+
+
+def same_program(hlo: str, other: str) -> bool:
+    """Whether two optimized HLO texts are one program, up to names and the
+    order of its parameters: the same computations called from the entry,
+    instruction for instruction, and the same instructions in the entry
+    computation, in any order. Names are replaced by their order of first
+    appearance, and the metadata (which names the Keras layers) is left out.
+    A wrapped model passes its variables in another order (`AdaptiveScaled`
+    reads a layer's non-trainable state before calling it), which renumbers
+    the entry's parameters and nothing else."""
+    return _program_of(hlo) == _program_of(other)
+
+
+def _program_of(hlo: str) -> tuple[list[str], list[str]]:
+    """(the computations before the entry, names renumbered; the entry's
+    instructions, names and parameter numbers left out, sorted)."""
+    called, entry = hlo.split("\nENTRY", 1)
+    names = {}
+
+    def renamed(match):
+        return names.setdefault(match.group(0), f"%{len(names)}")
+
+    computations = [
+        re.sub(r"%[\w.\-]+", renamed, _without_metadata(line))
+        for line in called.splitlines()
+        if not line.startswith("HloModule")
+    ]
+    instructions = sorted(
+        _root_sorted(
+            re.sub(
+                r"parameter\(\d+\)", "parameter", re.sub(r"%[\w.\-]+", "%", _without_metadata(line))
+            )
+        )
+        for line in entry.splitlines()[1:]
+    )
+    return computations, instructions
+
+
+def _root_sorted(line: str) -> str:
+    """The entry's result, a tuple of the updated variables, with its shapes
+    sorted (they follow the parameters' order)."""
+    if not line.lstrip().startswith("ROOT"):
+        return line
+    return " ".join(sorted(re.findall(r"\w+\[[^\]]*\](?:\{[^}]*\})?", line)))
+
+
+def _without_metadata(line: str) -> str:
+    return re.sub(r",? metadata=\{[^}]*\}", "", line)
 
 
 NOT_KERNELS = frozenset(
@@ -789,7 +873,9 @@ def markdown(results: dict) -> str:
             "`keras_with_state`: Keras's, assigning as many small variables every step as "
             "keras_als's optimizer adds; `measuring_never`: scales not measured again after the "
             "first step; `no_boundary_reductions`: an ablation without the reductions of "
-            "the gradients crossing the boundaries, for costing only; `optimizer_only`: "
+            "the gradients crossing the boundaries, for costing only; "
+            "`no_boundary_multiplies`: every scale 2**10, so every ratio is 1, and the "
+            "boundaries' multiplies left out; `optimizer_only`: "
             "keras_als's optimizer on the model not wrapped; `wrapper_only`: the wrapped "
             "model with Keras's optimizer; -: not in that run):",
             "",
@@ -805,16 +891,22 @@ def markdown(results: dict) -> str:
             "Operations in the traced training step, branches included (`--parts graph`), "
             "what tracing builds and XLA compiles; and the kernels the XLA-compiled step "
             "runs on every step (the optimized HLO's entry computation, branches not "
-            "counted; each has a fixed cost on a CPU):",
+            "counted; each has a fixed cost on a CPU); and whether the wrapped model with "
+            "Keras's optimizer compiles to the plain model's program, instruction for "
+            "instruction, up to names and the order of its parameters (then what "
+            "`wrapper_only` seems to cost above is the measurement's noise):",
             "",
-            "| model | operations: Keras | keras_als | kernels: Keras | keras_als |",
-            "| --- | --- | --- | --- | --- |",
+            "| model | operations: Keras | keras_als | kernels: Keras | keras_als "
+            "| wrapped model, Keras's optimizer: the plain model's program |",
+            "| --- | --- | --- | --- | --- | --- |",
         ]
         for name, ops in counted.items():
             ratio = ops["keras_als"] / ops["keras"]
             kernels = models[name].get("step_kernels")
             cells = [f"{ops['keras']}", f"{ops['keras_als']} ({ratio:.2f}x)"]
             cells += [f"{kernels['keras']}", f"{kernels['keras_als']}"] if kernels else ["-", "-"]
+            same = (kernels or {}).get("wrapper_only_same_program")
+            cells.append({True: "yes", False: "no", None: "-"}[same])
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -831,7 +923,8 @@ def main(argv=None) -> None:
         "--parts",
         default="skips,cost",
         help="skips (skipped steps), cost (step and compile time, memory), step (step "
-        "time alone), breakdown (step-time ablation), "
+        "time alone), compile (compile time and memory alone), breakdown (step-time "
+        "ablation), "
         "graph (operations in the traced step)",
     )
     parser.add_argument(
@@ -927,7 +1020,7 @@ def main(argv=None) -> None:
             else:
                 row.update(step_times(name, instances=args.instances))
             print(f"{name:14s} step time {_step_cell(row)}", flush=True)
-        if "cost" in parts:
+        if "cost" in parts or "compile" in parts:
             row.update(compile_times(name, args.repeats))
             used = {method: memory_of(name, method) for method in ("keras", "keras_als")}
             row["memory"] = used

@@ -16,6 +16,7 @@ import tensorflow as tf
 import keras_als
 from benchmarks import real_models, wrap_sweep
 from keras_als import policies
+from tests import models
 
 pytest.importorskip("keras_hub")
 
@@ -40,14 +41,14 @@ def test_wrap_model_copies_every_weight_exactly_and_computes_the_same_outputs(na
     for w, v in zip(model.weights, wrapped.weights):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(w), keras.ops.convert_to_numpy(v))
     scaled = [
-        layer for layer in _all_layers(wrapped) if isinstance(layer, keras_als.AdaptiveScaled)
+        layer for layer in models.all_layers(wrapped) if isinstance(layer, keras_als.AdaptiveScaled)
     ]
     owners = {id(w) for layer in scaled for w in layer.trainable_weights}
     assert all(id(w) in owners for w in wrapped.trainable_weights)  # every weight is wrapped
     # Names kept: loss dicts, history keys and get_layer work as on the original.
     assert wrapped.output_names == model.output_names
-    assert [layer.name for layer in _all_layers(wrapped)] == [
-        layer.name for layer in _all_layers(model)
+    assert [layer.name for layer in models.all_layers(wrapped)] == [
+        layer.name for layer in models.all_layers(model)
     ]
     x, _ = real_models.data(name, 1)
     x = real_models.batch(x, 0)
@@ -57,13 +58,6 @@ def test_wrap_model_copies_every_weight_exactly_and_computes_the_same_outputs(na
     wrapped.save(path)
     reloaded = keras.saving.load_model(path)
     np.testing.assert_array_equal(_outputs(reloaded, x), _outputs(wrapped, x))
-
-
-def _all_layers(model):
-    for layer in model.layers:
-        yield layer
-        if isinstance(layer, keras.Model):
-            yield from _all_layers(layer)
 
 
 def test_a_residual_trunk_gets_a_scale_per_block():
@@ -77,7 +71,7 @@ def test_a_residual_trunk_gets_a_scale_per_block():
     _train(wrapped, optimizer, x, y, steps=1, jit_compile=False)
     weighted = [
         layer
-        for layer in _all_layers(wrapped)
+        for layer in models.all_layers(wrapped)
         if isinstance(layer, keras_als.AdaptiveScaled) and layer.trainable_weights
     ]
     distinct = {optimizer.layer_scales()[layer.layer.name] for layer in weighted}
@@ -205,6 +199,23 @@ def _flat(grads):
     return np.concatenate(
         [keras.ops.convert_to_numpy(tf.convert_to_tensor(g)).ravel() for g in grads]
     ).astype(np.float64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert_tiny", "mobilenet_v3_small"])
+def test_the_wrapped_model_with_keras_optimizer_compiles_to_the_plain_models_program(name):
+    """mixed_float16, XLA, Keras's LossScaleOptimizer: the optimized HLO of the
+    wrapped model's training step is the plain model's, instruction for
+    instruction, up to names, metadata and the order of its parameters
+    (`real_models.same_program`). Wrapping alone adds nothing to the compiled
+    step; keras_als's cost is its optimizer's and the ratios its plan hands the
+    boundaries (`--parts graph` checks the four real models)."""
+    plain = real_models.compiled_step(name, "keras")
+    wrapped = real_models.compiled_step(name, "keras", wrap=True)
+    assert plain != wrapped  # the names differ: the comparison must look past them
+    assert real_models.same_program(plain, wrapped)
+    # One instruction changed is another program.
+    assert not real_models.same_program(plain, wrapped.replace(" multiply(", " add(", 1))
 
 
 @pytest.mark.slow
@@ -412,12 +423,7 @@ def test_a_keras_hub_task_wraps_with_its_tied_weights_and_trains_as_the_plain_mo
         return optimizer, [np.asarray(w) for w in model.weights]
 
     plain = train(_keras_hub_task(name))[1]
-    names = [layer.layer.name for layer in _all_layers(wrapped) if _has_scale(layer)]
-    differing = policies.Fixed(  # 2**20 .. 2**-1, from layer to layer; the loss's 2**-3
-        default=1.0,
-        scales={n: 2.0 ** (20 - 7 * (i % 4)) for i, n in enumerate(names)} | {"loss": 2.0**-3},
-    )
-    optimizer, chosen = train(wrapped, differing)
+    optimizer, chosen = train(wrapped, models.per_layer_fixed(wrapped, default=1.0))
     assert len(set(optimizer.layer_scales().values())) > 1, optimizer.layer_scales()
     one = train(keras_als.wrap_model(model), policies.Fixed(default=1.0))[1]
     for a, b in zip(chosen, one, strict=True):
@@ -429,9 +435,28 @@ def test_a_keras_hub_task_wraps_with_its_tied_weights_and_trains_as_the_plain_mo
 def _assert_every_weight_copied_once(model, wrapped):
     """As many weights (a tied weight is one), each layer's bit-identical to its copy's."""
     assert len(wrapped.weights) == len(model.weights)
-    for layer in _all_layers(model):
+    for layer in models.all_layers(model):
         for w, v in zip(layer.weights, _find(wrapped, layer.name).weights, strict=True):
             np.testing.assert_array_equal(np.asarray(v), np.asarray(w))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="Keras 3.15 makes a layer shared with a nested model twice in from_config; "
+    "if this passes, Keras loads such graphs: update wrap_model's docstring and the guide",
+)
+@pytest.mark.parametrize("name", ["bert_masked_lm", "gpt2_causal_lm", "opt_causal_lm"])
+def test_keras_loads_a_wrapped_keras_hub_language_model_from_a_keras_file(name, tmp_path):
+    """The README's limitation, on the tasks themselves: their token embedding
+    is used in two places of a nested graph, which Keras 3.15 cannot load
+    (`tests/test_wrapper.py` shows the plain model fails as well)."""
+    wrapped = keras_als.wrap_model(_keras_hub_task(name))
+    x, _ = _task_batches(name, 1)
+    wrapped.save(tmp_path / "task.keras")
+    reloaded = keras.saving.load_model(tmp_path / "task.keras")
+    np.testing.assert_array_equal(_outputs(reloaded, x), _outputs(wrapped, x))
 
 
 def _has_scale(layer):
@@ -440,7 +465,7 @@ def _has_scale(layer):
 
 def _find(model, name):
     """The layer called `name` in `model` or a model nested in it, unwrapped."""
-    layer = next(layer for layer in _all_layers(model) if layer.name == name)
+    layer = next(layer for layer in models.all_layers(model) if layer.name == name)
     return layer.layer if isinstance(layer, keras_als.AdaptiveScaled) else layer
 
 
