@@ -892,8 +892,8 @@ def markdown(results: dict) -> str:
             "what tracing builds and XLA compiles; and the kernels the XLA-compiled step "
             "runs on every step (the optimized HLO's entry computation, branches not "
             "counted; each has a fixed cost on a CPU); and whether the wrapped model with "
-            "Keras's optimizer compiles to the plain model's program, instruction for "
-            "instruction, up to names and the order of its parameters (then what "
+            "Keras's optimizer compiles to the plain model's program (`same_program`: the "
+            "same computations and entry instructions, names and parameter order aside; then what "
             "`wrapper_only` seems to cost above is the measurement's noise):",
             "",
             "| model | operations: Keras | keras_als | kernels: Keras | keras_als "

@@ -205,8 +205,9 @@ def _flat(grads):
 @pytest.mark.parametrize("name", ["bert_tiny", "mobilenet_v3_small"])
 def test_the_wrapped_model_with_keras_optimizer_compiles_to_the_plain_models_program(name):
     """mixed_float16, XLA, Keras's LossScaleOptimizer: the optimized HLO of the
-    wrapped model's training step is the plain model's, instruction for
-    instruction, up to names, metadata and the order of its parameters
+    wrapped model's training step is the plain model's: the same computations,
+    instruction for instruction, and the same instructions in its entry, with
+    names, metadata and the order of its parameters aside
     (`real_models.same_program`). Wrapping alone adds nothing to the compiled
     step; keras_als's cost is its optimizer's and the ratios its plan hands the
     boundaries (`--parts graph` checks the four real models)."""
