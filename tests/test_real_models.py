@@ -69,11 +69,7 @@ def test_a_residual_trunk_gets_a_scale_per_block():
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.0))
     x, y = real_models.data("resnet50_v2", 1)
     _train(wrapped, optimizer, x, y, steps=1, jit_compile=False)
-    weighted = [
-        layer
-        for layer in models.all_layers(wrapped)
-        if isinstance(layer, keras_als.AdaptiveScaled) and layer.trainable_weights
-    ]
+    weighted = [layer for layer in models.all_layers(wrapped) if _has_scale(layer)]
     distinct = {optimizer.layer_scales()[layer.layer.name] for layer in weighted}
     components = _components(wrapped, optimizer, x, y)
     assert components >= len(weighted), (components, len(weighted))
