@@ -209,6 +209,7 @@ SEPARATE = (
     "detection",
     "heavy_tails",
     "real_models",
+    "step_profile",
     "wrap_sweep",
 )
 """Benchmarks run by their own commands; RESULTS.md takes in the tables they wrote."""
