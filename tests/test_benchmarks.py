@@ -440,3 +440,13 @@ def test_the_step_profile_compares_each_variant_with_keras_over_instances():
     table = step_profile.markdown({"models": {"gpt2_tiny": summary}})
     assert "| step | 1020 | +100 | +10 | +30 | 40 |" in table
     assert "| launch | 200 | +0 | +0 | +0 | 0 |" in table
+
+
+def test_instance_groups_alternate_which_method_is_built_first():
+    from benchmarks import real_models
+
+    methods = ("keras", "keras_als", "wrapper_only")
+    orders = [real_models.in_build_order(methods, k) for k in range(4)]
+    assert orders == [methods, methods[::-1], methods, methods[::-1]]
+    firsts = [order[0] for order in orders]
+    assert firsts.count("keras") == firsts.count("wrapper_only") == 2
