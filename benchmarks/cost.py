@@ -177,7 +177,7 @@ def interleaved(
     first = common.KERAS_LSO.build(builder, weights, keras.optimizers.Adam(1e-4))
     untimed = common.compiled_step(*first, loss_for(y, first[0]))
     for k in range(instances):
-        for method in methods if k % 2 == 0 else methods[::-1]:
+        for method in common.in_build_order(methods, k):
             model, optimizer = method.build(builder, weights, keras.optimizers.Adam(1e-4))
             if method.wrap:
                 wrapped = sum(

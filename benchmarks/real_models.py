@@ -295,13 +295,10 @@ def step_times(name: str, rounds: int = 100, seed: int = 0, instances: int = INS
     """
     x, y = data(name, 1, seed)
     built = {}
-    discard_first_build(name, seed)
+    discard_first_build(name, x, y, seed)
     for k in range(instances):
-        for method in in_build_order(("keras", "keras_als"), k):
-            model, _ = build(name, method, seed)
-            for _ in range(3):  # compile and warm up
-                model.train_on_batch(x, y)
-            built[method, k] = model
+        for method in common.in_build_order(("keras", "keras_als"), k):
+            built[method, k] = warmed_up(name, x, y, seed, method=method)
     median = _interleaved_medians(built, x, y, rounds)
     each = {m: [median[m, k] for k in range(instances)] for m in ("keras", "keras_als")}
     ratio, standard_error = ratio_and_standard_error(each["keras_als"], each["keras"])
@@ -314,7 +311,16 @@ def step_times(name: str, rounds: int = 100, seed: int = 0, instances: int = INS
     }
 
 
-def discard_first_build(name: str, seed: int = 0) -> None:
+def warmed_up(name: str, x, y, seed: int = 0, **arguments) -> keras.Model:
+    """Model `name` from `build(name, seed=seed, **arguments)`, traced, compiled
+    and warmed up by three training steps on `x`, `y`."""
+    model, _ = build(name, seed=seed, **arguments)
+    for _ in range(3):
+        model.train_on_batch(x, y)
+    return model
+
+
+def discard_first_build(name: str, x, y, seed: int = 0) -> None:
     """Builds, compiles and steps one model of Keras's that is not timed.
 
     In a process, the first compiled model built ran about 5% faster than
@@ -322,18 +328,9 @@ def discard_first_build(name: str, seed: int = 0) -> None:
     instances in one process: the first 1.000, the others 1.02-1.08 of it,
     `python -m benchmarks.real_models --parts build_order`). Timed first, it
     favored the method built first: Keras's, in every step-time run before
-    this was found.
+    this was found; `common.in_build_order` alternates the rest.
     """
-    model, _ = build(name, "keras", seed)
-    x, y = data(name, 1, seed)
-    for _ in range(3):
-        model.train_on_batch(x, y)
-
-
-def in_build_order(methods: tuple, k: int) -> tuple:
-    """`methods` in the order instance group `k` builds them: reversed every
-    other group, so that no method is always built before the others."""
-    return methods if k % 2 == 0 else tuple(reversed(methods))
+    warmed_up(name, x, y, seed, method="keras")
 
 
 def build_order(name: str, instances: int = 6, rounds: int = 200, seed: int = 0) -> list[float]:
@@ -341,12 +338,7 @@ def build_order(name: str, instances: int = 6, rounds: int = 200, seed: int = 0)
     order they were built, steps interleaved in a shuffled order, over the
     first's: how far the order of building moves a step time."""
     x, y = data(name, 1, seed)
-    built = {}
-    for k in range(instances):
-        model, _ = build(name, "keras", seed)
-        for _ in range(3):
-            model.train_on_batch(x, y)
-        built[k] = model
+    built = {k: warmed_up(name, x, y, seed, method="keras") for k in range(instances)}
     median = _interleaved_medians(built, x, y, rounds, seed)
     return [median[k] / median[0] for k in range(instances)]
 
@@ -512,9 +504,9 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0, instances: int =
 
     x, y = data(name, 1, seed)
     built, optimizers = {}, {}
-    discard_first_build(name, seed)
+    discard_first_build(name, x, y, seed)
     for k in range(instances):
-        for variant in in_build_order(ABLATIONS, k):
+        for variant in common.in_build_order(ABLATIONS, k):
             keras_optimizer = variant in (
                 "keras",
                 "keras_again",

@@ -46,7 +46,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
-from benchmarks import real_models  # noqa: E402
+from benchmarks import common, real_models  # noqa: E402
 
 VARIANTS = {
     "keras": {"method": "keras"},
@@ -74,13 +74,10 @@ def profile(name: str, rounds: int = 40, instances: int = 2, seed: int = 0) -> d
     time (`split`)."""
     x, y = real_models.data(name, 1, seed)
     models = {}
-    real_models.discard_first_build(name, seed)
+    real_models.discard_first_build(name, x, y, seed)
     for k in range(instances):
-        for variant in real_models.in_build_order(tuple(VARIANTS), k):
-            model, _ = real_models.build(name, seed=seed, **VARIANTS[variant])
-            for _ in range(3):
-                model.train_on_batch(x, y)
-            models[f"{variant}/{k}"] = model
+        for variant in common.in_build_order(tuple(VARIANTS), k):
+            models[f"{variant}/{k}"] = real_models.warmed_up(name, x, y, seed, **VARIANTS[variant])
     order = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="keras_als_profile_") as logdir:
         tf.profiler.experimental.start(logdir)
@@ -108,9 +105,9 @@ def split(space) -> dict[str, list[dict[str, float]]]:
                 (base + e.offset_ps, e.duration_ps, names.get(e.metadata_id, ""))
                 for e in line.events
             )
-            lines.append(events)
+            lines.append(([e[0] for e in events], events))
     steps = collections.defaultdict(list)
-    for events in lines:
+    for _, events in lines:
         for start, duration, name in events:
             if name.startswith("step:"):
                 steps[name[5:]].append(_parts_of(lines, start, start + duration))
@@ -120,7 +117,7 @@ def split(space) -> dict[str, list[dict[str, float]]]:
 def _parts_of(lines, start: int, end: int) -> dict[str, float]:
     """The parts of the step that ran from `start` to `end` (picoseconds)."""
     parts = collections.Counter({"step": (end - start) / 1e6})
-    within = [_within(events, start, end) for events in lines]
+    within = [_within(starts, events, start, end) for starts, events in lines]
     programs = []
     for events in within:
         for begin, duration, name in events:
@@ -139,9 +136,9 @@ def _parts_of(lines, start: int, end: int) -> dict[str, float]:
     return dict(parts)
 
 
-def _within(events, start: int, end: int) -> list:
-    """The events of one line (sorted by start) that ran within `start` to `end`."""
-    starts = [e[0] for e in events]
+def _within(starts, events, start: int, end: int) -> list:
+    """The events of one line (sorted by start; `starts`, their start times)
+    that ran within `start` to `end`."""
     low, high = bisect.bisect_left(starts, start), bisect.bisect_right(starts, end)
     return [e for e in events[low:high] if e[0] + e[1] <= end and not e[2].startswith("step:")]
 
@@ -236,9 +233,10 @@ def main(argv=None) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_xprof_traceme=true".strip()
     results = {"models": {}}
-    for name in args.models.split(","):
+    names = args.models.split(",")
+    for name in names:
         real_models.builder(name)  # an unknown name fails before any run
-    for name in args.models.split(","):
+    for name in names:
         result = profile(name, args.rounds, args.instances)
         results["models"][name] = result
         parts = ", ".join(f"{p} {result['difference_us']['keras_als'][p]:+.0f} us" for p in PARTS)

@@ -443,10 +443,10 @@ def test_the_step_profile_compares_each_variant_with_keras_over_instances():
 
 
 def test_instance_groups_alternate_which_method_is_built_first():
-    from benchmarks import real_models
+    from benchmarks import common
 
     methods = ("keras", "keras_als", "wrapper_only")
-    orders = [real_models.in_build_order(methods, k) for k in range(4)]
+    orders = [common.in_build_order(methods, k) for k in range(4)]
     assert orders == [methods, methods[::-1], methods, methods[::-1]]
     firsts = [order[0] for order in orders]
     assert firsts.count("keras") == firsts.count("wrapper_only") == 2
