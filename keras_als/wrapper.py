@@ -439,9 +439,8 @@ def _tied_and_built(layer, clone, copies: _Copies):
     """
     _tie_held_layers(layer, clone, copies.made)
     config = layer.get_build_config() if layer.built else None
-    if type(layer).__module__.startswith("keras.") or not config or clone.built:
-        return clone
-    if not has_own_output_spec(layer):
+    keras_own = type(layer).__module__.startswith("keras.")
+    if keras_own or not config or clone.built or not has_own_output_spec(layer):
         return clone
     try:
         clone.build_from_config(config)
