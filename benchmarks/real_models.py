@@ -479,7 +479,9 @@ def _never_measure_again(optimizer) -> None:
     optimizer.counters.assign(counters)
 
 
-def step_breakdown(name: str, rounds: int = 300, seed: int = 0, instances: int = 1) -> dict:
+def step_breakdown(
+    name: str, rounds: int = 300, seed: int = 0, instances: int = 1, variants=ABLATIONS
+) -> dict:
     """What keras_als's step time is spent on: median step times in one process,
     steps interleaved, of Keras's optimizer, a second group of it built the
     same way (what two groups of one configuration differ by: the resolution
@@ -495,7 +497,9 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0, instances: int =
     keras_als's optimizer adds to Keras's (each variable a compiled step updates
     costs it a fixed time on a CPU).
 
-    Each variant is built `instances` times (see `step_times`). Returns `ms`,
+    Each of `variants` (of `ABLATIONS`, in that order; `keras_with_state`
+    needs `keras_als` before it) is built `instances` times (see
+    `step_times`). Returns `ms`,
     each variant's geometric mean over its instances of their median step
     times, and, with two or more instances, `ratio_se`: the standard error of
     each variant's ratio to Keras's (`ratio_and_standard_error`).
@@ -506,7 +510,7 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0, instances: int =
     built, optimizers = {}, {}
     discard_first_build(name, x, y, seed)
     for k in range(instances):
-        for variant in common.in_build_order(ABLATIONS, k):
+        for variant in common.in_build_order(tuple(variants), k):
             keras_optimizer = variant in (
                 "keras",
                 "keras_again",
@@ -541,7 +545,7 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0, instances: int =
                 _never_measure_again(optimizer)
             built[variant, k] = model
     median = _interleaved_medians(built, x, y, rounds, seed)
-    each = {v: [median[v, k] for k in range(instances)] for v in ABLATIONS}
+    each = {v: [median[v, k] for k in range(instances)] for v in variants}
     result = {
         "ms": {v: 1e3 * math.exp(statistics.fmean(map(math.log, t))) for v, t in each.items()},
         "instances": instances,
@@ -551,6 +555,25 @@ def step_breakdown(name: str, rounds: int = 300, seed: int = 0, instances: int =
             v: ratio_and_standard_error(t, each["keras"])[1] for v, t in each.items()
         }
     return result
+
+
+def step_breakdown_in_processes(
+    name: str, processes: int, instances: int = 1, variants=ABLATIONS
+) -> dict:
+    """`step_breakdown` in `processes` fresh processes: each variant's ratio to
+    Keras's is the geometric mean of the processes' ratios, with the standard
+    error of their spread (`ratio_over_processes`), as `step_times_in_processes`
+    does, since one process's instances share its draw of conditions."""
+    argument = f"{instances}:{','.join(variants)}"
+    runs = [_run_probe("breakdown", name, argument, True)["ms"] for _ in range(processes)]
+    ratios = {v: [run[v] / run["keras"] for run in runs] for v in variants}
+    return {
+        "ms": {v: math.exp(statistics.fmean(math.log(run[v]) for run in runs)) for v in variants},
+        "instances": instances,
+        "processes": processes,
+        "process_ratios": ratios,
+        "ratio_se": {v: ratio_over_processes(r)[1] for v, r in ratios.items()},
+    }
 
 
 def graph_ops(name: str) -> dict:
@@ -626,15 +649,14 @@ def _program_of(hlo: str) -> tuple[list[str], list[str]]:
         for line in called.splitlines()
         if not line.startswith("HloModule")
     ]
-    instructions = sorted(
-        _root_sorted(
-            re.sub(
-                r"parameter\(\d+\)", "parameter", re.sub(r"%[\w.\-]+", "%", _without_metadata(line))
-            )
-        )
-        for line in entry.splitlines()[1:]
-    )
+    instructions = sorted(_root_sorted(_anonymous(line)) for line in entry.splitlines()[1:])
     return computations, instructions
+
+
+def _anonymous(line: str) -> str:
+    """An entry instruction without its metadata, names or parameter number."""
+    line = re.sub(r"%[\w.\-]+", "%", _without_metadata(line))
+    return re.sub(r"parameter\(\d+\)", "parameter", line)
 
 
 def _root_sorted(line: str) -> str:
@@ -750,9 +772,15 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
     "compile": the first training step's seconds (with or without XLA).
     "memory": five XLA steps, then the XLA step's memory and the peak RSS.
     "step": `step_times`, with as many instances as `method` says.
+    "breakdown": `step_breakdown`; `method` is "instances:variant,variant,...".
     """
     if kind == "step":
         print(json.dumps(step_times(name, instances=int(method))))
+        return
+    if kind == "breakdown":
+        instances, variants = method.split(":")
+        result = step_breakdown(name, instances=int(instances), variants=variants.split(","))
+        print(json.dumps(result))
         return
     if kind == "compile":
         model, _ = build(name, method, jit=jit)
@@ -833,7 +861,12 @@ def _breakdown_cells(row: dict) -> list[str]:
         if variant in errors:
             ratio += f" ± {errors[variant]:.3f}"
         cells.append(f"{ms[variant]:.2f} ({ratio})")
-    if "breakdown_se" in row:
+    if "breakdown_processes" in row:
+        cells[0] += (
+            f", {row['breakdown_processes']} processes x "
+            f"{row['breakdown_instances']} instances each"
+        )
+    elif "breakdown_se" in row:
         cells[0] += f", {row['breakdown_instances']} instances each"
     return cells
 
@@ -977,8 +1010,14 @@ def main(argv=None) -> None:
         "--processes",
         type=int,
         default=1,
-        help="fresh processes the step time is measured in, each with --instances "
-        "instances (1: this process)",
+        help="fresh processes the step time (and the breakdown) is measured in, each "
+        "with --instances (--breakdown-instances) instances (1: this process)",
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(ABLATIONS),
+        help=f"the breakdown's variants, of {', '.join(ABLATIONS)} (keras is always in, "
+        "and keras_als with keras_with_state)",
     )
     parser.add_argument(
         "--breakdown-instances",
@@ -1065,12 +1104,27 @@ def main(argv=None) -> None:
             )
         if "breakdown" in parts:
             keras.utils.clear_session()
-            broken_down = step_breakdown(name, instances=args.breakdown_instances)
+            asked = {"keras", *args.variants.split(",")}
+            if "keras_with_state" in asked:
+                asked.add("keras_als")  # whose variables it counts
+            variants = [v for v in ABLATIONS if v in asked]
+            if args.processes > 1:
+                broken_down = step_breakdown_in_processes(
+                    name, args.processes, args.breakdown_instances, variants
+                )
+            else:
+                broken_down = step_breakdown(
+                    name, instances=args.breakdown_instances, variants=variants
+                )
             row["breakdown_ms"] = broken_down["ms"]
             row["breakdown_instances"] = broken_down["instances"]
-            row.pop("breakdown_se", None)
+            for stale in ("breakdown_se", "breakdown_processes", "breakdown_process_ratios"):
+                row.pop(stale, None)
             if "ratio_se" in broken_down:
                 row["breakdown_se"] = broken_down["ratio_se"]
+            if "processes" in broken_down:
+                row["breakdown_processes"] = broken_down["processes"]
+                row["breakdown_process_ratios"] = broken_down["process_ratios"]
             print(
                 f"{name:14s} step ms: "
                 + ", ".join(f"{k} {v:.2f}" for k, v in row["breakdown_ms"].items()),

@@ -182,6 +182,34 @@ def test_breakdown_with_several_instances_gives_each_ratio_its_standard_error():
     assert "| m | 4.00 (1.000x ± 0.000), 3 instances each | - | 4.10 (1.025x ± 0.013) |" in text
 
 
+def test_a_breakdown_over_processes_takes_each_ratio_from_the_processes_ratios(monkeypatch):
+    from benchmarks import real_models
+
+    ms = [{"keras": 4.0, "keras_als": 4.0}, {"keras": 2.0, "keras_als": 2.42}]
+    runs = iter({"ms": each} for each in ms)
+    asked = []
+
+    def probe(kind, name, method, jit):
+        asked.append((kind, name, method, jit))
+        return next(runs)
+
+    monkeypatch.setattr(real_models, "_run_probe", probe)
+    result = real_models.step_breakdown_in_processes("m", 2, 3, ("keras", "keras_als"))
+    assert asked == [("breakdown", "m", "3:keras,keras_als", True)] * 2
+    # Process ratios 1.0 and 1.21: geometric mean 1.1, log spread |log 1.21| / sqrt 2.
+    assert result["process_ratios"]["keras_als"] == pytest.approx([1.0, 1.21])
+    assert result["ms"]["keras_als"] / result["ms"]["keras"] == pytest.approx(1.1, rel=1e-12)
+    error = 1.1 * math.log(1.21) / math.sqrt(2) / math.sqrt(2)
+    assert result["ratio_se"]["keras_als"] == pytest.approx(error, rel=1e-12)
+    assert result["ratio_se"]["keras"] == 0.0
+    row = _real_model_row(1, breakdown=result["ms"])
+    row["breakdown_se"], row["breakdown_instances"] = result["ratio_se"], 3
+    row["breakdown_processes"] = 2
+    text = real_models.markdown({"batch": 8, "models": {"m": row}})
+    assert "(1.000x ± 0.000), 2 processes x 3 instances each | - | " in text
+    assert f"(1.100x ± {error:.3f}) |" in text
+
+
 def test_real_model_targets_allow_one_skip_per_1000_steps_after_the_first_50():
     from benchmarks import real_models
 
