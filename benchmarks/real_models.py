@@ -471,12 +471,12 @@ def _not_multiplied(gradient, ratio):
 
 
 def _never_measure_again(optimizer) -> None:
-    """Sets `optimizer`'s next measurement a billion steps away."""
+    """Sets `optimizer`'s next measurement a million steps away."""
     from keras_als import _scale_state
 
-    counters = keras.ops.convert_to_numpy(optimizer.counters)
-    counters[_scale_state.COUNTERS.index("steps_until_measuring")] = 10**9
-    optimizer.counters.assign(counters)
+    counters = keras.ops.convert_to_numpy(_scale_state.counters(optimizer))
+    counters[_scale_state.COUNTERS.index("steps_until_measuring")] = 10**6
+    _scale_state.assign(optimizer, new_counters=counters)
 
 
 def step_breakdown(
@@ -486,7 +486,7 @@ def step_breakdown(
     steps interleaved, of Keras's optimizer, a second group of it built the
     same way (what two groups of one configuration differ by: the resolution
     of these ratios), keras_als, keras_als whose scales are
-    never measured again after the warm-up steps (the next measurement set 10**9 steps away),
+    never measured again after the warm-up steps (the next measurement set 10**6 steps away),
     keras_als without the reductions of the gradients crossing the boundaries (an
     ablation that changes what the scales are chosen from, for costing only),
     keras_als without the boundaries' multiplies (every scale `ONE_SCALE`, so

@@ -168,7 +168,7 @@ def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, upda
         )
         return update(_statistics.agree_across_replicas(statistics))
     # Steps that do not measure keep every scale, at the cost of one branch.
-    nothing = tf.zeros([], optimizer.counters.dtype)
+    nothing = tf.zeros([], tf.int32)  # the dtype of next_period's steps
     return tf.cond(measuring, lambda: update(measured()), lambda: nothing)
 
 
@@ -226,7 +226,7 @@ def count_until_measuring(optimizer, finite, measured, period) -> None:
     masks = _scale_state.counter_masks(optimizer)
     values = {"steps_since_measured": since, "steps_until_measuring": until}
     counters = _scale_state.counters_with(optimizer, masks, values=values)
-    optimizer.counters.assign(counters)
+    _scale_state.assign(optimizer, new_counters=counters)
 
 
 def unscale(gradient, reciprocal):

@@ -1,15 +1,17 @@
 """The optimizer's state per scale, and what a step writes into it.
 
 `declare` (called by `AdaptiveLossScaleOptimizer.build`) makes the
-optimizer's few variables: the scales (the loss's, entry 0, in Keras's
-`dynamic_scale`; each wrapped layer's in `layer_scales`), `per_scale` (one row
-per kind of state in `PER_SCALE`, one column per scale) and `counters` (the
-step counters in `COUNTERS`, then the recent skips window). Few variables,
-because every variable a compiled step updates costs it a fixed time on a CPU
-(`python -m benchmarks.real_models --parts breakdown`, `keras_with_state`).
-A plan's scale *components* each hold one or more entries (layers whose
-weights are tied share a component). These functions read the state per
-component and write each component's new value into all of its entries:
+optimizer's one variable beyond Keras's, `scale_state` (float32): a table
+with one row per kind of state in `PER_SCALE` and one column per scale
+(entry 0 the loss's, then each wrapped layer's), followed by the counters
+(`COUNTERS`, then the recent skips window). The loss's scale itself stays in
+Keras's `dynamic_scale`. One variable, because every variable a compiled
+step updates costs it a fixed time on a CPU, and more there than in a small
+function (`python -m benchmarks.real_models --parts breakdown`,
+`keras_with_state`). A plan's scale *components* each hold one or more
+entries (layers whose weights are tied share a component). These functions
+read the state per component and write each component's new value into all
+of its entries:
 
 - `choose_scales` (measuring steps): the policy's next scales, with the
   headroom left;
@@ -30,6 +32,7 @@ from keras_als import _statistics, _telemetry, policies
 from keras_als._telemetry import SKIP_WINDOW
 
 PER_SCALE = (
+    "scale",  # each wrapped layer's scale (entry 0: the loss's is Keras's dynamic_scale)
     "headroom",  # what overflows taught each scale (policies.Headroom) ...
     "headroom_since",  # ... and since which step
     "measured",  # 1 once chosen from a measurement, 0 while the first guess
@@ -39,8 +42,7 @@ PER_SCALE = (
     "zero_rates",  # ... and exact zero share
     "safe_scale",  # the scale of the last measuring step, which was finite (MAX_SCALE: none)
 )
-"""The rows of the optimizer's `per_scale` variable (float32; counts and flags
-are exact integers in it)."""
+"""The rows of the table in `scale_state` (counts and flags are exact integers in it)."""
 
 COUNTERS = (
     "skipped_steps",
@@ -48,8 +50,11 @@ COUNTERS = (
     "steps_since_measured",
     "steps_until_measuring",
 )
-"""The first entries of the optimizer's `counters` variable; the recent skips
-window (`SKIP_WINDOW` entries, 1 where that step was skipped) follows them."""
+"""The counters after the table in `scale_state`; the recent skips window
+(`SKIP_WINDOW` entries, 1 where that step was skipped) follows them. Float32
+counts are exact up to 2**24 (16.7 million skipped steps)."""
+
+_COUNTED = len(COUNTERS) + SKIP_WINDOW
 
 
 def declare(state, layers: int) -> None:
@@ -68,30 +73,51 @@ def declare(state, layers: int) -> None:
             name=name,
         )
 
-    state._layer_scales = variable("layer_scales", shape=(layers,))
-    first = {"last_overflow_step": -1.0, "safe_scale": policies.MAX_SCALE}
-    initial = [[first.get(row, 0.0)] for row in PER_SCALE]
-    state.per_scale = variable("per_scale", "float32", initial, shape=(len(PER_SCALE), layers + 1))
-    state.counters = variable("counters", "int", 0, shape=(len(COUNTERS) + SKIP_WINDOW,))
+    first = {
+        "scale": float(state.initial_scale),
+        "last_overflow_step": -1.0,
+        "safe_scale": policies.MAX_SCALE,
+    }
+    table = [first.get(row, 0.0) for row in PER_SCALE for _ in range(layers + 1)]
+    initial = table + [0.0] * _COUNTED
+    state.scale_state = variable("scale_state", initial=initial, shape=(len(initial),))
     # LossScaleOptimizer's own state, with the aggregation above: the loss's
     # scale, and the growth counter of the one dynamic scale of an eager step.
     state.step_counter = variable("step_counter", "int", 0)
     state.dynamic_scale = variable("dynamic_scale")
 
 
+def table(state) -> tf.Tensor:
+    """The table of `PER_SCALE` rows, one column per scale entry."""
+    flat = tf.convert_to_tensor(state.scale_state)
+    return tf.reshape(flat[:-_COUNTED], [len(PER_SCALE), -1])
+
+
 def row(state, name: str) -> tf.Tensor:
     """Row `name` of `PER_SCALE`: its value for every scale entry."""
-    return tf.convert_to_tensor(state.per_scale)[PER_SCALE.index(name)]
+    return table(state)[PER_SCALE.index(name)]
+
+
+def counters(state) -> tf.Tensor:
+    """The counters of `COUNTERS` and the recent skips window, as float32."""
+    return tf.convert_to_tensor(state.scale_state)[-_COUNTED:]
 
 
 def counter(state, name: str) -> tf.Tensor:
-    """The counter `name` of `COUNTERS`."""
-    return tf.convert_to_tensor(state.counters)[COUNTERS.index(name)]
+    """The counter `name` of `COUNTERS`, as int32."""
+    return tf.cast(counters(state)[COUNTERS.index(name)], tf.int32)
 
 
 def recent_skips(state) -> tf.Tensor:
     """The recent skips window: 1 where that step (its number modulo `SKIP_WINDOW`) skipped."""
-    return tf.convert_to_tensor(state.counters)[len(COUNTERS) :]
+    return counters(state)[len(COUNTERS) :]
+
+
+def assign(state, new_table=None, new_counters=None) -> None:
+    """Writes `new_table` and `new_counters` (either left as it is if None)."""
+    new_table = table(state) if new_table is None else new_table
+    new_counters = counters(state) if new_counters is None else new_counters
+    state.scale_state.assign(tf.concat([tf.reshape(new_table, [-1]), new_counters], axis=0))
 
 
 def counter_masks(state, step=None) -> dict[str, tf.Tensor]:
@@ -101,11 +127,10 @@ def counter_masks(state, step=None) -> dict[str, tf.Tensor]:
     counters (`counters_with`): with these comparisons inside it, XLA kept the
     conditional rather than turning it into selects (`tests/test_optimizer.py`
     reads the optimized HLO)."""
-    dtype = state.counters.dtype
-    index = tf.range(state.counters.shape[0], dtype=dtype)
+    index = tf.range(_COUNTED)
     masks = {name: index == i for i, name in enumerate(COUNTERS)}
     if step is not None:
-        window_index = len(COUNTERS) + tf.cast(step, dtype) % SKIP_WINDOW
+        window_index = len(COUNTERS) + tf.cast(step, tf.int32) % SKIP_WINDOW
         masks["window"] = index == window_index
     return masks
 
@@ -121,16 +146,16 @@ def counters_with(state, masks, zero=(), increment=(), values=None) -> tf.Tensor
         values: `{name: new value}` for names in `masks`.
 
     Returns:
-        The new value of `state.counters`.
+        The new counters, for `assign(state, new_counters=...)`.
     """
-    counters = tf.convert_to_tensor(state.counters)
+    now = counters(state)
     for name in zero:
-        counters = tf.where(masks[name], tf.zeros_like(counters), counters)
+        now = tf.where(masks[name], tf.zeros_like(now), now)
     for name in increment:
-        counters = counters + tf.cast(masks[name], counters.dtype)
+        now = now + tf.cast(masks[name], now.dtype)
     for name, value in (values or {}).items():
-        counters = tf.where(masks[name], tf.cast(value, counters.dtype), counters)
-    return counters
+        now = tf.where(masks[name], tf.cast(value, now.dtype), now)
+    return now
 
 
 def per_component(plan, values) -> tf.Tensor:
@@ -140,18 +165,20 @@ def per_component(plan, values) -> tf.Tensor:
 
 def write(plan, state, name: str, values) -> None:
     """Writes each component's value (`values`) into every entry of row `name` it holds."""
-    table = tf.convert_to_tensor(state.per_scale)
+    now = table(state)
     index = PER_SCALE.index(name)
-    new_row = _with_values(plan, table[index], tf.cast(values, table.dtype))
-    state.per_scale.assign(tf.tensor_scatter_nd_update(table, [[index]], new_row[None]))
+    new_row = _with_values(plan, now[index], tf.cast(values, now.dtype))
+    assign(state, new_table=tf.tensor_scatter_nd_update(now, [[index]], new_row[None]))
 
 
 def assign_scales(state, plan, new) -> None:
-    """Writes the new scale of every component into each of its entries (the
-    loss's scale and the layers' are two variables)."""
+    """Writes the new scale of every component into each of its entries: the
+    loss's into Keras's `dynamic_scale`, every entry into row `"scale"`."""
     updated = _with_values(plan, plan.scale_vector, new)
     state.dynamic_scale.assign(updated[0])
-    state._layer_scales.assign(updated[1:])
+    now = table(state)
+    index = PER_SCALE.index("scale")
+    assign(state, new_table=tf.tensor_scatter_nd_update(now, [[index]], updated[None]))
 
 
 def _with_values(plan, vector, values) -> tf.Tensor:

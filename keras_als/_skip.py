@@ -47,14 +47,16 @@ def apply_if_finite(
 
     def applied():
         zero = ("skipped_in_a_row", "window")
-        optimizer.counters.assign(_scale_state.counters_with(optimizer, masks, zero=zero))
+        _scale_state.assign(
+            optimizer, new_counters=_scale_state.counters_with(optimizer, masks, zero=zero)
+        )
 
     def skip_step():
         counted = ("skipped_steps", "skipped_in_a_row")
         counters = _scale_state.counters_with(
             optimizer, masks, increment=counted, values={"window": 1}
         )
-        optimizer.counters.assign(counters)
+        _scale_state.assign(optimizer, new_counters=counters)
 
     def apply_step():
         optimizer.inner_optimizer.apply(gradients(), trainable_variables=variables)

@@ -135,7 +135,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not self.built:
             return tf.constant([float(self.initial_scale)])
         loss = tf.reshape(tf.convert_to_tensor(self.dynamic_scale), [1])
-        return tf.concat([loss, tf.convert_to_tensor(self._layer_scales)], axis=0)
+        return tf.concat([loss, _scale_state.row(self, "scale")[1:]], axis=0)
 
     @property
     def skipped_steps(self) -> tf.Tensor:

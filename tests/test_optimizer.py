@@ -88,6 +88,22 @@ def test_layer_scales_before_and_after_build():
     }
 
 
+def test_the_optimizer_keeps_its_state_in_one_variable_beyond_keras_s():
+    """Every variable a compiled step updates costs it a fixed time on a CPU
+    (`python -m benchmarks.real_models --parts breakdown`, `keras_with_state`):
+    keras_als's optimizer adds one to Keras's, whatever the number of scales."""
+    model = keras_als.wrap_model(models.sequential_mlp()[0])
+    ours = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam())
+    theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    ours.build(model.trainable_variables)
+    theirs.build(model.trainable_variables)
+    names = {v.path.split("/")[-1] for v in ours.variables} - {
+        v.path.split("/")[-1] for v in theirs.variables
+    }
+    assert len(ours.variables) == len(theirs.variables) + 1
+    assert names == {"scale_state"}
+
+
 def test_saved_model_restores_wrappers_optimizer_and_scales(tmp_path):
     model, x, y = models.residual_cnn()
     model = keras_als.wrap_model(model)

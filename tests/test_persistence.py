@@ -53,12 +53,14 @@ def _trained(policy="max_safe"):
 
 def test_tf_checkpoint_restores_every_scale_and_the_skip_count(tmp_path):
     model, optimizer = _trained()
-    layers = optimizer._layer_scales.shape[0]
-    optimizer._layer_scales.assign([2.0 ** (3 + 5 * i) for i in range(layers)])
-    optimizer.dynamic_scale.assign(2.0**-7)
-    counters = optimizer.counters.numpy()
+    table = _scale_state.table(optimizer).numpy()
+    table[_scale_state.PER_SCALE.index("scale")] = [
+        2.0 ** (3 + 5 * i) for i in range(table.shape[1])
+    ]
+    counters = _scale_state.counters(optimizer).numpy()
     counters[_scale_state.COUNTERS.index("skipped_steps")] = 4
-    optimizer.counters.assign(counters)
+    _scale_state.assign(optimizer, table, counters)
+    optimizer.dynamic_scale.assign(2.0**-7)
     saved = optimizer.layer_scales()
     path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(str(tmp_path / "ckpt"))
 
@@ -71,8 +73,11 @@ def test_tf_checkpoint_restores_every_scale_and_the_skip_count(tmp_path):
 
 def test_keras_file_restores_scales_and_the_next_step_is_the_same(tmp_path):
     model, optimizer = _trained()
-    layers = optimizer._layer_scales.shape[0]
-    optimizer._layer_scales.assign([2.0 ** (2 + 3 * i) for i in range(layers)])
+    table = _scale_state.table(optimizer).numpy()
+    table[_scale_state.PER_SCALE.index("scale")] = [
+        2.0 ** (2 + 3 * i) for i in range(table.shape[1])
+    ]
+    _scale_state.assign(optimizer, table)
     model.save(tmp_path / "m.keras")
     loaded = keras.models.load_model(tmp_path / "m.keras")
     assert loaded.optimizer.layer_scales() == optimizer.layer_scales()
