@@ -474,8 +474,9 @@ def _never_measure_again(optimizer) -> None:
     """Sets `optimizer`'s next measurement a million steps away."""
     from keras_als import _scale_state
 
-    counters = keras.ops.convert_to_numpy(_scale_state.counters(optimizer))
-    counters[_scale_state.COUNTERS.index("steps_until_measuring")] = 10**6
+    masks = _scale_state.counter_masks(optimizer)
+    values = {"steps_until_measuring": 10**6}
+    counters = _scale_state.counters_with(optimizer, masks, values=values)
     _scale_state.assign(optimizer, new_counters=counters)
 
 

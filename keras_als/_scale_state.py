@@ -115,9 +115,10 @@ def recent_skips(state) -> tf.Tensor:
 
 def assign(state, new_table=None, new_counters=None) -> None:
     """Writes `new_table` and `new_counters` (either left as it is if None)."""
-    new_table = table(state) if new_table is None else new_table
-    new_counters = counters(state) if new_counters is None else new_counters
-    state.scale_state.assign(tf.concat([tf.reshape(new_table, [-1]), new_counters], axis=0))
+    flat = tf.convert_to_tensor(state.scale_state)
+    new_table = flat[:-_COUNTED] if new_table is None else tf.reshape(new_table, [-1])
+    new_counters = flat[-_COUNTED:] if new_counters is None else new_counters
+    state.scale_state.assign(tf.concat([new_table, new_counters], axis=0))
 
 
 def counter_masks(state, step=None) -> dict[str, tf.Tensor]:
@@ -165,10 +166,7 @@ def per_component(plan, values) -> tf.Tensor:
 
 def write(plan, state, name: str, values) -> None:
     """Writes each component's value (`values`) into every entry of row `name` it holds."""
-    now = table(state)
-    index = PER_SCALE.index(name)
-    new_row = _with_values(plan, now[index], tf.cast(values, now.dtype))
-    assign(state, new_table=tf.tensor_scatter_nd_update(now, [[index]], new_row[None]))
+    _replace_row(state, name, _with_values(plan, row(state, name), tf.cast(values, tf.float32)))
 
 
 def assign_scales(state, plan, new) -> None:
@@ -176,9 +174,13 @@ def assign_scales(state, plan, new) -> None:
     loss's into Keras's `dynamic_scale`, every entry into row `"scale"`."""
     updated = _with_values(plan, plan.scale_vector, new)
     state.dynamic_scale.assign(updated[0])
-    now = table(state)
-    index = PER_SCALE.index("scale")
-    assign(state, new_table=tf.tensor_scatter_nd_update(now, [[index]], updated[None]))
+    _replace_row(state, "scale", updated)
+
+
+def _replace_row(state, name: str, new_row) -> None:
+    """Writes `new_row` as row `name` of the table."""
+    index = PER_SCALE.index(name)
+    assign(state, new_table=tf.tensor_scatter_nd_update(table(state), [[index]], new_row[None]))
 
 
 def _with_values(plan, vector, values) -> tf.Tensor:
