@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import keras_als
 from benchmarks import real_models, wrap_sweep
-from keras_als import policies
+from keras_als import _scale_state, policies
 from tests import models
 
 pytest.importorskip("keras_hub")
@@ -74,6 +74,30 @@ def test_a_residual_trunk_gets_a_scale_per_block():
     components = _components(wrapped, optimizer, x, y)
     assert components >= len(weighted), (components, len(weighted))
     assert len(distinct) > 1
+
+
+@pytest.mark.parametrize("name", ["gpt2_tiny", "mobilenet_v2"])
+def test_on_a_real_model_the_optimizer_adds_one_variable_to_keras_s_whatever_its_scales(name):
+    """After a training step of the wrapped model, keras_als's optimizer holds
+    Keras's `LossScaleOptimizer`'s variables (built on the same weights) and one
+    more, `scale_state`, sized for every scale: the README's claim, on real nets
+    (7 scales on the tiny GPT-2, dozens on MobileNetV2)."""
+    keras.utils.set_random_seed(0)
+    wrapped = keras_als.wrap_model(real_models.MODELS[name]())
+    ours = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam())
+    x, y = real_models.data(name, 1)
+    _train(wrapped, ours, x, y, steps=1, jit_compile=False)
+    theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    theirs.build(wrapped.trainable_variables)
+
+    def names(optimizer):
+        return [v.path.split("/")[-1] for v in optimizer.variables]
+
+    assert sorted(names(ours)) == sorted([*names(theirs), "scale_state"])
+    scales = len(ours.layer_scales())  # the loss's and one per wrapped layer
+    assert scales >= 7, scales  # GPT-2: 7; MobileNetV2: dozens
+    table = len(_scale_state.PER_SCALE) * scales
+    assert ours.scale_state.shape == (table + _scale_state._COUNTED,)
 
 
 def _components(model, optimizer, x, y):
