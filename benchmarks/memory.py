@@ -7,7 +7,10 @@ sees Python objects only. So each configuration runs in its own subprocess
 
 - *XLA step memory*: XLA's buffer assignment for the compiled step (dumped
   with `XLA_FLAGS=--xla_dump_to`), "Total bytes used": parameters, temporaries
-  and outputs of the step, which is what the step needs on a device.
+  and outputs of the step, which is what the step needs on a device; and
+  the same dump's *peak usage*, the bytes live at once at the busiest point
+  of the step's schedule. The total is larger: XLA packs the temporaries
+  into one heap, with gaps between them.
 - *Peak RSS*: the peak resident set (`VmHWM` in /proc/self/status) of the whole
   process after the steps, which includes the TensorFlow runtime, the XLA
   compiler and Python; its growth from before the first step is reported too.
@@ -41,6 +44,8 @@ class Memory:
             compiled version of the step).
         peak_rss_mb: Peak resident set size of the process, MiB.
         rss_growth_mb: Peak RSS minus RSS before the first step, MiB.
+        xla_peak_bytes: Bytes live at once at the peak of the same step
+            (XLA's "peak usage"); None in results saved before it was read.
     """
 
     model: str
@@ -48,6 +53,7 @@ class Memory:
     xla_bytes: int
     peak_rss_mb: float
     rss_growth_mb: float
+    xla_peak_bytes: int | None = None
 
 
 def measure(model: str, method: str, steps: int = 20) -> Memory:
@@ -63,15 +69,30 @@ def measure(model: str, method: str, steps: int = 20) -> Memory:
 
 def xla_total(dump: str, name: str = "train_step") -> int:
     """The largest "Total bytes used" of XLA modules named like `name` in `dump`."""
-    totals = []
+    return _largest_buffer_assignment(dump, name)[0]
+
+
+def xla_peak(dump: str, name: str = "train_step") -> int:
+    """XLA's "peak usage" (bytes live at once) of the module `xla_total` reads."""
+    text = _largest_buffer_assignment(dump, name)[1]
+    found = re.search(r"peak usage: ([\d ]+) bytes", text)
+    if not found:
+        raise RuntimeError(f"XLA's buffer assignment for {name} states no peak usage")
+    return int(found.group(1).replace(" ", ""))
+
+
+def _largest_buffer_assignment(dump: str, name: str) -> tuple[int, str]:
+    """(total bytes, text) of the buffer assignment of `name` with the largest total."""
+    found = []
     for path in glob.glob(os.path.join(dump, f"*{name}*buffer-assignment.txt")):
         with open(path) as f:
-            found = re.search(r"Total bytes used: (\d+)", f.read())
-        if found:
-            totals.append(int(found.group(1)))
-    if not totals:
+            text = f.read()
+        total = re.search(r"Total bytes used: (\d+)", text)
+        if total:
+            found.append((int(total.group(1)), text))
+    if not found:
         raise RuntimeError(f"XLA wrote no buffer assignment for {name}")
-    return max(totals)
+    return max(found, key=lambda pair: pair[0])
 
 
 def high_water_mb() -> float:
@@ -104,6 +125,7 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
         "model": model_name,
         "method": method_name,
         "xla_bytes": xla_total(os.environ["XLA_DUMP_DIR"]),
+        "xla_peak_bytes": xla_peak(os.environ["XLA_DUMP_DIR"]),
         "peak_rss_mb": peak,
         "rss_growth_mb": peak - before,
     }

@@ -373,6 +373,12 @@ def sweep_table(sweep: list[Timing]) -> str:
     )
 
 
+def _live_at_peak_ratio(ours: Memory, theirs: Memory) -> str:
+    if ours.xla_peak_bytes is None or theirs.xla_peak_bytes is None:
+        return "not read"
+    return f"{ours.xla_peak_bytes / theirs.xla_peak_bytes:.3f}"
+
+
 def memory_table(memory: list[Memory]) -> str:
     """XLA step memory and process RSS per model and method, with ratios."""
     ratios = memory_ratios(memory)
@@ -386,6 +392,7 @@ def memory_table(memory: list[Memory]) -> str:
                 f"{theirs.xla_bytes / 2**20:.3f}",
                 f"{ours.xla_bytes / 2**20:.3f}",
                 f"{x:.3f}",
+                _live_at_peak_ratio(ours, theirs),
                 f"{theirs.peak_rss_mb:.0f}",
                 f"{ours.peak_rss_mb:.0f}",
                 f"{r:.3f}",
@@ -397,6 +404,7 @@ def memory_table(memory: list[Memory]) -> str:
         "LSO step MiB",
         "keras_als step MiB",
         "step ratio",
+        "step live-at-peak ratio",
         "LSO peak RSS MiB",
         "keras_als peak RSS MiB",
         "RSS ratio",

@@ -352,7 +352,10 @@ def markdown(
         "## 4. Peak memory",
         "",
         "*Step* = XLA buffer assignment of the compiled training step (parameters, "
-        "temporaries, outputs), what a device would hold; *peak RSS* = the whole process "
+        "temporaries, outputs), what a device would hold; *live at peak* = the bytes of "
+        'that step live at once at the busiest point of its schedule (XLA\'s "peak usage"; '
+        "the step's total also counts the gaps XLA leaves packing its temporaries into one "
+        "heap); *peak RSS* = the whole process "
         "(TensorFlow runtime, compiler, Python), one fresh subprocess per configuration. "
         "TensorFlow keeps no allocator statistics on the CPU.",
         "",

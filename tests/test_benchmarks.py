@@ -478,3 +478,34 @@ def test_instance_groups_alternate_which_method_is_built_first():
     assert orders == [methods, methods[::-1], methods, methods[::-1]]
     firsts = [order[0] for order in orders]
     assert firsts.count("keras") == firsts.count("wrapper_only") == 2
+
+
+def test_memory_reads_the_total_and_the_peak_of_the_largest_compiled_step(tmp_path):
+    """XLA's buffer-assignment dumps, as it writes them (numbers from a real
+    dump): the total and the peak usage both come from the module with the
+    largest total, the peak's digits grouped by spaces."""
+    from benchmarks import memory
+
+    def dump(name, total, peak):
+        path = tmp_path / f"module_{name}.train_step.cpu_after_optimizations-buffer-assignment.txt"
+        path.write_text(
+            f"BufferAssignment:\nTotal bytes used: {total} (3.08MiB)\n"
+            f"  Stack trace breakdown for peak usage: {peak} bytes\n"
+        )
+
+    dump("0001", 3225614, "2 571 526")
+    dump("0002", 1024, "1 000")  # a smaller compiled version of the step
+    assert memory.xla_total(str(tmp_path)) == 3225614
+    assert memory.xla_peak(str(tmp_path)) == 2571526
+
+
+def test_the_memory_table_gives_the_live_at_peak_ratio_where_it_was_read():
+    rows = [
+        Memory("cnn", "keras_lso", 1000, 900.0, 200.0, xla_peak_bytes=800),
+        Memory("cnn", "als_max_safe", 1100, 990.0, 250.0, xla_peak_bytes=840),
+        Memory("mlp", "keras_lso", 1000, 900.0, 200.0),
+        Memory("mlp", "als_max_safe", 1000, 900.0, 200.0),
+    ]
+    table = report.memory_table(rows).splitlines()
+    assert "| cnn | 0.001 | 0.001 | 1.100 | 1.050 |" in table[2]
+    assert "| 1.000 | not read |" in table[3]
