@@ -1,9 +1,11 @@
 """keras_als: adaptive (layer-wise) loss scaling for float16 training in Keras 3.
 
-Three parts:
+Four parts:
 
-- `AdaptiveScaled` wraps a layer and places a scale boundary at its inputs;
-  `wrap_model` wraps every layer with trainable weights of a model.
+- `wrap_model` instruments the user's own model in place: a scale boundary
+  at the inputs of every layer with trainable weights, at any depth, and of
+  every join (`unwrap_model` removes them); `AdaptiveScaled` wraps one layer
+  by hand.
 - `AdaptiveLossScaleOptimizer` (a `keras.optimizers.LossScaleOptimizer`) gives
   each region of the backward graph between boundaries its own power-of-two
   scale and unscales every weight gradient by the scale it was computed at.
@@ -14,7 +16,9 @@ Three parts:
 Example:
 
 >>> import keras, keras_als
->>> model = keras_als.wrap_model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]))
+>>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+>>> keras_als.wrap_model(model) is model
+True
 >>> model.compile(keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam()), "mse")
 """
 
@@ -28,10 +32,11 @@ if _keras.config.backend() != "tensorflow":
     )
 
 from keras_als import policies  # noqa: E402
+from keras_als.instrument import unwrap_model, wrap_model  # noqa: E402
 from keras_als.monitor import ScaleMonitor  # noqa: E402
 from keras_als.optimizer import AdaptiveLossScaleOptimizer  # noqa: E402
 from keras_als.plots import plot_scales  # noqa: E402
-from keras_als.wrapper import AdaptiveScaled, wrap_model  # noqa: E402
+from keras_als.wrapper import AdaptiveScaled  # noqa: E402
 
 __all__ = [
     "AdaptiveLossScaleOptimizer",
@@ -39,6 +44,7 @@ __all__ = [
     "ScaleMonitor",
     "plot_scales",
     "policies",
+    "unwrap_model",
     "wrap_model",
 ]
 __version__ = "0.1.0"

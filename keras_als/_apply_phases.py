@@ -29,7 +29,7 @@ import keras
 import tensorflow as tf
 
 from keras_als import _forward_state, _scale_state, _skip, _statistics, policies
-from keras_als.wrapper import owner_of
+from keras_als._layer_call import owner_of
 
 PLANNED_GROWTH = 3.0
 """Binades of gradient growth, at the rate last measured, that a measuring

@@ -1,7 +1,7 @@
 """The scale boundary: an identity whose gradient is multiplied by a ratio.
 
 `insert(owner, tensors)` places one boundary on floating-point tensors a
-wrapped layer receives (`AdaptiveScaled` places one per input, since inputs
+scaled layer receives (`_layer_call` places one per input, since inputs
 from different regions need different ratios). Forward, it is an identity. Backward, its gradient
 function hands the gradient arriving from the layer to the plan's `crossings`
 (which reduce it for the statistics on the steps that measure) and multiplies
@@ -26,8 +26,9 @@ class Boundary:
     """One scale boundary in one traced graph.
 
     Attributes:
-        owner: The `AdaptiveScaled` layer that placed it (held weakly: the
-            traced graph, which keeps the boundary, must not keep the layer).
+        owner: What placed it, an `AdaptiveScaled` or a layer's `wrap_model`
+            hook (held weakly: the traced graph, which keeps the boundary,
+            must not keep the layer).
         inputs: Tensors entering the boundary (upstream side).
         limit: The largest finite value of the upstream gradient's dtype (its
             gradient is cast back to the dtype of `upstream` in `insert`).

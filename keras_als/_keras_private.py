@@ -21,10 +21,11 @@ __all__ = [
     "get_keras_mask",
     "input_name",
     "no_automatic_dependency_tracking",
+    "own_weights",
     "producer",
     "set_keras_mask",
     "strategy_supports_no_merge_call",
-    "untrack_layer",
+    "sublayers",
 ]
 
 # Functional: the class of every graph model built from inputs and outputs,
@@ -89,12 +90,27 @@ def strategy_supports_no_merge_call() -> bool:
     return tf.__internal__.distribute.strategy_supports_no_merge_call()
 
 
-def untrack_layer(owner, layer) -> None:
-    """Stops `owner` tracking `layer` as one of its layers (its weights leave `owner`'s).
+def own_weights(layer) -> list:
+    """The weights `layer` made itself, without those of its sublayers.
 
-    `wrap_model` ties a copied layer to a layer copied elsewhere (a KerasHub
-    masked LM head and the backbone's token embedding) by setting the
-    attribute anew; Keras tracks every layer ever set as an attribute, in the
-    private `_tracker`, and has no public way to drop the replaced one.
+    `wrap_model` gives each layer that owns trainable weights its own scale,
+    at any depth: a KerasHub transformer block owns none, its query, key,
+    value and feed-forward projections own theirs. Keras lists a layer's own
+    variables in the private `_trainable_variables` and
+    `_non_trainable_variables` (its public `weights` adds the sublayers').
     """
-    owner._tracker.untrack(layer)
+    own, seen = [], set()
+    for v in list(layer._trainable_variables) + list(layer._non_trainable_variables):
+        if id(v) not in seen:
+            seen.add(id(v))
+            own.append(v)
+    return own
+
+
+def sublayers(layer) -> list:
+    """The layers `layer` holds directly (as attributes or in lists), not theirs.
+
+    Keras walks them with the private `_flatten_layers`; `wrap_model` walks
+    them one level at a time, to leave alone what an `AdaptiveScaled` holds.
+    """
+    return layer._flatten_layers(include_self=False, recursive=False)

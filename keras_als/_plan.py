@@ -10,9 +10,11 @@ component's scale, which makes sums of gradients (fan-out, residual adds,
 shared layers, several outputs) consistent by construction.
 
 Each component is held by one *entry* of the optimizer's scale vector (0 is the
-loss's, then one per wrapped layer): the loss's for the loss's component, else
-the entry of a wrapped layer whose weights lie in it, else (a component with no
-wrapped weights) that of a component its gradient comes from. A boundary from
+loss's, then one per trainable variable, `_entries`): the loss's for the loss's
+component, else the entry of a scaled layer whose weights lie in it, else that
+of another variable in it, else (a component with no variables) that of a
+component its gradient comes from. Every other entry of a variable in the
+component is kept equal to it, as an alias. A boundary from
 component `a` (input side) to `b` multiplies the gradient by
 `scale[a] / scale[b]`.
 """
@@ -188,6 +190,7 @@ def _walk(loss: tf.Tensor, boundaries: list[_boundary.Boundary]):
 def make_plan(
     loss: tf.Tensor,
     boundaries: Sequence[_boundary.Boundary],
+    variables: Sequence,
     owners: Sequence,
     scale_vector: tf.Tensor,
     built: bool,
@@ -199,8 +202,9 @@ def make_plan(
     Args:
         loss: The traced loss.
         boundaries: The boundaries the forward pass inserted (the step record's).
-        owners: The wrapped layers with a scale, in entry order (entry `1 + i`;
+        variables: The optimizer's variables, in entry order (entry `1 + i`;
             entry 0 is the loss's).
+        owners: `(owner, entry, name)` for every scaled layer.
         scale_vector: Every entry's current scale (float32 vector).
         built: Whether the scale variables exist yet (else `scale_vector` are
             first guesses and the step only unscales).
@@ -238,7 +242,7 @@ def make_plan(
             component_of[id(external)] = component(label)
 
     drafts[loss_component].hold(0, "loss")
-    _hold_entries(drafts, [b for b, _, _ in reached], sides, owners, component_of)
+    _hold_entries(drafts, [b for b, _, _ in reached], sides, variables, owners, component_of)
     merged, final = _merge_by_entry(drafts)
     sides = {k: (final[a], final[o]) for k, (a, o) in sides.items()}
     scales = tf.gather(scale_vector, [c.entry for c in merged])
@@ -262,16 +266,19 @@ def make_plan(
     )
 
 
-def _hold_entries(drafts: list[_Draft], reached: list, sides: dict, owners, component_of):
+def _hold_entries(
+    drafts: list[_Draft], reached: list, sides: dict, variables, owners, component_of
+):
     """Gives every draft component its entry (and aliases) in the scale vector.
 
-    A wrapped layer's entry goes to the component its weights lie in (else
-    the one its boundary opens); a wrapped layer with no boundary in this step
-    (an Embedding of token ids) still names the component its weights lie in,
-    so that its reported scale is true. A component with no wrapped weights
-    takes the scale its gradient arrives with; one that gets none, the loss's.
+    A scaled layer's entry goes to the component its weights lie in (else
+    the one its boundary opens); then every variable's entry to the
+    component it lies in, so that any entry reads its variable's true scale
+    (a layer with no boundary in this step, an Embedding of token ids,
+    included). A component with no variables takes the scale its gradient
+    arrives with; one that gets none, the loss's.
     """
-    entry_of = {id(owner): 1 + i for i, owner in enumerate(owners)}
+    entry_of = {id(owner): (entry, name) for owner, entry, name in owners}
 
     def placed(owner) -> list[int]:
         """The components `owner`'s weights lie in."""
@@ -279,15 +286,14 @@ def _hold_entries(drafts: list[_Draft], reached: list, sides: dict, owners, comp
         return [component_of[h] for h in handles if h in component_of]
 
     for b in reached:
-        entry = entry_of.get(id(b.owner))
-        if entry is not None:
+        if id(b.owner) in entry_of:
             lies_in = placed(b.owner)
-            drafts[lies_in[0] if lies_in else sides[id(b)][1]].hold(entry, b.owner.layer.name)
-    reached_owners = {id(b.owner) for b in reached}
-    for owner in owners:
-        lies_in = placed(owner)
-        if id(owner) not in reached_owners and lies_in:
-            drafts[lies_in[0]].hold(entry_of[id(owner)], owner.layer.name)
+            drafts[lies_in[0] if lies_in else sides[id(b)][1]].hold(*entry_of[id(b.owner)])
+    names = {entry: name for _, entry, name in owners}
+    for i, variable in enumerate(variables):
+        component = component_of.get(id(variable.handle))
+        if component is not None:
+            drafts[component].hold(1 + i, names.get(1 + i, variable.path))
     changed = True
     while changed:
         changed = False

@@ -6,7 +6,7 @@ function: the forward pass, `optimizer.scale_loss(loss)` then
 `tape.gradient`, and `optimizer.apply(grads)`. What passes between them
 outside their arguments is one `StepRecord`, and only through this module:
 
-    forward pass   AdaptiveScaled.call   adds boundaries and snapshots
+    forward pass   _layer_call           adds boundaries and snapshots
     scale_loss     make_plan             reads the boundaries, adds the plan
     apply                                reads the plan, takes the snapshots
 

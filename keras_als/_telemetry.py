@@ -26,13 +26,13 @@ def read(optimizer) -> dict:
     from keras_als import _scale_state  # which imports this module
 
     built = optimizer.built
-    names = ["loss", *optimizer._scale_names] if built else ["loss"]
+    names, entries = optimizer._named_entries() if built else (["loss"], [0])
 
     def per_layer(name, kind, default):
         if not built:
             return {"loss": default}
         values = keras.ops.convert_to_numpy(_scale_state.row(optimizer, name))
-        return {n: kind(v) for n, v in zip(names, values)}
+        return {n: kind(values[e]) for n, e in zip(names, entries)}
 
     steps = skipped = in_a_row = 0
     recent = 0.0

@@ -10,9 +10,16 @@ import weakref
 import keras
 import tensorflow as tf
 
-from keras_als import _apply_phases, _plan, _scale_state, _step_record, _telemetry, policies
+from keras_als import (
+    _apply_phases,
+    _entries,
+    _plan,
+    _scale_state,
+    _step_record,
+    _telemetry,
+    policies,
+)
 from keras_als._keras_private import no_automatic_dependency_tracking
-from keras_als.wrapper import owner_of
 
 
 @keras.saving.register_keras_serializable(package="keras_als")
@@ -20,12 +27,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """Loss scaling with one scale per layer, chosen from gradient statistics.
 
     A drop-in for `keras.optimizers.LossScaleOptimizer` (Zhao, Vogel and Ahmed,
-    "Adaptive Loss Scaling for Mixed Precision Training", 2019). Layers wrapped in
-    `keras_als.AdaptiveScaled` (see `keras_als.wrap_model`) get scale boundaries
-    at their inputs. When the training step is traced, `scale_loss` finds the
-    *scale components* of the graph (regions between boundaries) and gives each
-    its own power-of-two scale; every boundary converts the gradient crossing it
-    from one component's scale to the next. `apply` divides each variable's
+    "Adaptive Loss Scaling for Mixed Precision Training", 2019). The layers of a
+    model instrumented by `keras_als.wrap_model` (or wrapped in
+    `keras_als.AdaptiveScaled`) get scale boundaries at their inputs. When the
+    training step is traced, `scale_loss` finds the *scale components* of the
+    graph (regions between boundaries) and gives each its own power-of-two
+    scale; every boundary converts the gradient crossing it from one
+    component's scale to the next. `apply` divides each variable's
     gradient by the scale it was computed at, skips the step (touching no weight
     and no inner optimizer slot) if any gradient is not finite, and asks the
     `policy` for the next scales from what this step measured (before the first
@@ -114,21 +122,24 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     @no_automatic_dependency_tracking
     def build(self, var_list):
-        owners = []
-        for v in var_list:
-            owner = owner_of(v)
-            if owner is not None and all(owner is not o for o in owners):
-                owners.append(owner)
-        self._scale_owners = owners
-        self._scale_names = [o.layer.name for o in owners]
-
-        _scale_state.declare(self, len(owners))
+        # One scale entry per variable (`_entries`): the state's size does not
+        # depend on which layers are instrumented when the optimizer is built.
+        _scale_state.declare(self, len(var_list))
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
 
-    def scale_owners(self) -> list:
-        """The wrapped layers that have a scale variable (empty before `build`)."""
-        return list(self._scale_owners) if self.built else []
+    def _owners(self) -> list[tuple[object, int, str]]:
+        """`(owner, entry, name)` of every layer with a scale (empty before `build`)."""
+        if not self.built:
+            return []
+        owners = _entries.owners(self._trainable_variables)
+        names = _entries.names([owner.scale_path for owner, _ in owners])
+        return [(owner, entry, name) for (owner, entry), name in zip(owners, names)]
+
+    def _named_entries(self) -> tuple[list[str], list[int]]:
+        """The names of `layer_scales()` and the entry each is read from ("loss": 0)."""
+        owners = self._owners()
+        return ["loss", *(name for _, _, name in owners)], [0, *(e for _, e, _ in owners)]
 
     def scale_vector(self) -> tf.Tensor:
         """Every scale as one float32 vector: the loss's (entry 0), then each wrapped layer's."""
@@ -164,7 +175,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not self.built:
             return {"loss": float(self.initial_scale)}
         values = keras.ops.convert_to_numpy(self.scale_vector())
-        return {name: float(v) for name, v in zip(["loss", *self._scale_names], values)}
+        names, entries = self._named_entries()
+        return {name: float(values[entry]) for name, entry in zip(names, entries)}
 
     @tf.autograph.experimental.do_not_convert
     def scale_loss(self, loss):
@@ -182,7 +194,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         plan = _plan.make_plan(
             loss,
             _step_record.read(loss.graph).boundaries,
-            self.scale_owners(),
+            self._trainable_variables if self.built else [],
+            self._owners(),
             self.scale_vector(),
             self.built,
             measuring,

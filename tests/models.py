@@ -8,8 +8,7 @@ import keras
 import numpy as np
 from keras import layers
 
-import keras_als
-from keras_als import policies
+from keras_als import _entries, policies
 
 
 def _rng():
@@ -182,17 +181,19 @@ def all_layers(model):
             yield from all_layers(layer)
 
 
+def scale_names(model):
+    """The names `AdaptiveLossScaleOptimizer.layer_scales()` gives the scaled layers of `model`."""
+    owners = _entries.owners(model.trainable_variables)
+    return _entries.names([owner.scale_path for owner, _ in owners])
+
+
 def per_layer_fixed(wrapped, default=2.0**5):
-    """A `Fixed` policy whose scales, 2**20 .. 2**-1, differ from one wrapped
+    """A `Fixed` policy whose scales, 2**20 .. 2**-1, differ from one scaled
     layer of `wrapped` to the next (the loss's 2**-3, any other `default`)."""
-    names = [
-        layer.layer.name
-        for layer in all_layers(wrapped)
-        if isinstance(layer, keras_als.AdaptiveScaled)
-    ]
     return policies.Fixed(
         default=default,
-        scales={n: 2.0 ** (20 - 7 * (i % 4)) for i, n in enumerate(names)} | {"loss": 2.0**-3},
+        scales={n: 2.0 ** (20 - 7 * (i % 4)) for i, n in enumerate(scale_names(wrapped))}
+        | {"loss": 2.0**-3},
     )
 
 

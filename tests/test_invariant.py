@@ -51,6 +51,7 @@ def assert_same_weights(actual, expected, rtol=1e-5):
 def test_training_gives_the_weights_of_training_without_scaling(shape, inner):
     model, x, y = models.ALL_SHAPES[shape]()
     reference = _train(models.copy_of(model), _inner(inner), x, y)
+    unscaled = keras_als.wrap_model(models.copy_of(model))  # same start, trained with scale 1
 
     wrapped = keras_als.wrap_model(model)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
@@ -63,7 +64,6 @@ def test_training_gives_the_weights_of_training_without_scaling(shape, inner):
     assert int(optimizer.iterations.numpy()) == 2 * -(-len(x) // BATCH)
     assert_same_weights(actual, reference)
 
-    unscaled = keras_als.wrap_model(model)
     ones = keras_als.AdaptiveLossScaleOptimizer(_inner(inner), policy=policies.Fixed(default=1.0))
     for a, e in zip(actual, _train(unscaled, ones, x, y)):
         np.testing.assert_array_equal(a, e)
@@ -92,6 +92,7 @@ def test_max_safe_scales_leave_the_weights_unchanged_under_xla(shape, measure_ev
 def test_a_scale_per_output_leaves_the_weights_of_training_without_scaling(inner):
     model, x, y = models.two_outputs()
     reference = _train(models.copy_of(model), _inner(inner), x, y)
+    unscaled = keras_als.wrap_model(models.copy_of(model), scale_each_output=True)
 
     wrapped = keras_als.wrap_model(model, scale_each_output=True)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
@@ -102,7 +103,6 @@ def test_a_scale_per_output_leaves_the_weights_of_training_without_scaling(inner
     scales = optimizer.layer_scales()
     assert scales["first"] != scales["second"] != scales["loss"], scales
     assert_same_weights(actual, reference)
-    unscaled = keras_als.wrap_model(model, scale_each_output=True)
     ones = keras_als.AdaptiveLossScaleOptimizer(_inner(inner), policy=policies.Fixed(default=1.0))
     for a, e in zip(actual, _train(unscaled, ones, x, y)):
         np.testing.assert_array_equal(a, e)

@@ -93,16 +93,15 @@ def test_the_default_strategy_is_asked_without_error():
     assert isinstance(private.strategy_supports_no_merge_call(), bool)
 
 
-def test_untrack_layer_drops_a_replaced_layer_and_its_weights_from_the_owner():
-    class Holder(keras.layers.Layer):
-        def __init__(self):
-            super().__init__()
-            self.held = keras.layers.Dense(2)
+def test_own_weights_are_a_layer_s_own_and_not_its_sublayers():
+    attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=2)
+    attention(np.ones((1, 3, 4)), np.ones((1, 3, 4)))
+    assert private.own_weights(attention) == []
+    query = attention._query_dense
+    assert [w.name for w in private.own_weights(query)] == ["kernel", "bias"]
 
-    holder = Holder()
-    replaced, new = holder.held, keras.layers.Dense(3)
-    replaced.build((None, 4))
-    new.build((None, 4))
-    private.untrack_layer(holder, replaced)
-    holder.held = new
-    assert [tuple(w.shape) for w in holder.weights] == [(4, 3), (3,)]
+
+def test_sublayers_are_the_layers_held_directly():
+    inner = keras.Sequential([keras.layers.Dense(2, name="deep")], name="inner")
+    outer = keras.Sequential([inner, keras.layers.Dense(1, name="top")])
+    assert [layer.name for layer in private.sublayers(outer)] == ["inner", "top"]

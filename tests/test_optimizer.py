@@ -1,5 +1,6 @@
 """AdaptiveLossScaleOptimizer: configuration, errors, saving, the backend check."""
 
+import json
 import os
 import re
 import subprocess
@@ -104,7 +105,7 @@ def test_the_optimizer_keeps_its_state_in_one_variable_beyond_keras_s():
     assert names == {"scale_state"}
 
 
-def test_saved_model_restores_wrappers_optimizer_and_scales(tmp_path):
+def test_a_keras_file_holds_the_plain_model_and_wrapping_it_again_resumes_the_scales(tmp_path):
     model, x, y = models.residual_cnn()
     model = keras_als.wrap_model(model)
     model.compile(
@@ -114,10 +115,13 @@ def test_saved_model_restores_wrappers_optimizer_and_scales(tmp_path):
     path = tmp_path / "model.keras"
     model.save(path)
     loaded = keras.models.load_model(path)
-
     assert type(loaded.optimizer) is keras_als.AdaptiveLossScaleOptimizer
-    assert any(isinstance(layer, keras_als.AdaptiveScaled) for layer in loaded.layers)
+    assert "keras_als" not in json.dumps(loaded.get_config())  # the user's model, as it was
+    assert set(loaded.optimizer.layer_scales()) == {"loss"}  # no boundaries yet
+
+    keras_als.wrap_model(loaded)
     assert loaded.optimizer.layer_scales() == model.optimizer.layer_scales()
+    assert len(set(model.optimizer.layer_scales().values())) > 1
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
     loaded.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
     for a, b in zip(loaded.get_weights(), model.get_weights(), strict=True):

@@ -79,7 +79,7 @@ def test_keras_file_restores_scales_and_the_next_step_is_the_same(tmp_path):
     ]
     _scale_state.assign(optimizer, table)
     model.save(tmp_path / "m.keras")
-    loaded = keras.models.load_model(tmp_path / "m.keras")
+    loaded = keras_als.wrap_model(keras.models.load_model(tmp_path / "m.keras"))
     assert loaded.optimizer.layer_scales() == optimizer.layer_scales()
     _, x, y = models.sequential_mlp()
     model.train_on_batch(x[:16], y[:16])
