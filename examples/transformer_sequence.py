@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         f"steps applied: {int(optimizer.iterations.numpy())}, "
         f"skipped: {int(optimizer.skipped_steps.numpy())}"
     )
-    print("per-layer scales (layers that meet at a residual add share one scale):")
+    print("per-layer scales (each residual add has a boundary at each input):")
     for name, scale in optimizer.layer_scales().items():
         print(f"  {name:10s} 2^{int(np.log2(scale))}")
 

@@ -81,3 +81,64 @@ def test_guide_page_code_runs(page, tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+
+# The README and the guide are user documentation: what keras_als does today.
+# Which commit moved a number belongs in commit messages and RESULTS.md.
+USER_DOCUMENTS = [
+    ROOT / "README.md",
+    ROOT / "docs" / "index.md",
+    *sorted(ROOT.glob("docs/guide/*.md")),
+]
+README_MOST_LINES = 230
+# A hex token of 7 to 40 digits with a letter and a digit in it: an abbreviated
+# or full commit hash (`e83033e`, `7dde9a7`), not a word (`deadline`) or a number.
+COMMIT_HASH = re.compile(r"(?<![\w-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
+RELATIVE_LINK = re.compile(r"\]\((?!https?:|#|mailto:)([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def commit_hashes(text: str) -> list[str]:
+    """The tokens of `text` that look like commit hashes."""
+    return COMMIT_HASH.findall(text)
+
+
+def test_the_commit_hash_pattern_finds_hashes_and_spares_words_and_numbers():
+    assert commit_hashes("at e83033e, then 7dde9a7 and 0123456789abcdef0123") == [
+        "e83033e",
+        "7dde9a7",
+        "0123456789abcdef0123",
+    ]
+    spared = "deadline, decade, 1234567, 2**15, 1e-5, float16, 64x16x64, sha256, keras-3b4c5d6e"
+    assert commit_hashes(spared) == []
+
+
+@pytest.mark.parametrize("page", USER_DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_user_documentation_names_no_commit(page):
+    text = page.read_text()
+    assert commit_hashes(text) == [], f"{page.name}: commit hashes are history, not documentation"
+    assert not re.search(r"\bcommit\b", text, flags=re.I), f"{page.name} tells a commit's story"
+
+
+def test_the_readme_stays_one_page_of_documentation():
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= README_MOST_LINES, f"README.md has {lines} lines (at most {README_MOST_LINES})"
+
+
+@pytest.mark.parametrize("page", USER_DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_of_the_documentation_leads_to_a_file(page):
+    missing = [
+        link
+        for link in RELATIVE_LINK.findall(page.read_text())
+        if not (page.parent / link).exists()
+    ]
+    assert missing == [], f"{page.name} links to files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", USER_DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_user_snippets_do_not_end_in_test_clean_up(page):
+    """A reader copies a snippet whole: resetting the dtype policy at its end is
+    the test suite's business (`tests/conftest.py` does it), not the reader's."""
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+    for block in blocks:
+        last = block.strip().splitlines()[-1]
+        assert not re.search(r"set_(dtype|global)_policy\(\s*[\"']float32", last), block
