@@ -12,8 +12,8 @@ def plot_scales(source, path: str | os.PathLike | None = None):
 
     Args:
         source: A `keras_als.ScaleMonitor` (per step), a `keras.callbacks.History`
-            from a fit with a `ScaleMonitor` (per epoch), or a TensorBoard
-            `log_dir` a `ScaleMonitor` wrote.
+            from a fit with a `ScaleMonitor(log_per_layer=True)` (per epoch), or a
+            TensorBoard `log_dir` a `ScaleMonitor` wrote.
         path: Where to save the figure as PNG, or None.
 
     Returns:
@@ -74,7 +74,10 @@ def _series(source):
         if k.startswith("scale/")
     }
     if not scales:
-        raise ValueError("No per-layer scales found: was a keras_als.ScaleMonitor used?")
+        raise ValueError(
+            "No per-layer scales found: was a keras_als.ScaleMonitor used (with "
+            "log_per_layer=True, for a History)?"
+        )
     underflow = {
         k.split("/", 1)[1]: np.asarray(v, float)
         for k, v in history.items()

@@ -37,8 +37,9 @@ def test_keras_als_skips_no_more_than_keras_on_the_same_spiky_batches():
     assert sum(ours.telemetry["overflows"].values()) >= 1
     # Its own counter agrees with steps run minus applied steps.
     assert ours.skipped_steps == ours.skipped == ours.telemetry["skipped_steps"]
-    allowed = max(2 * keras_lso.skipped, heavy_tails.SKIP_SHARE * ours.steps + 1)
-    assert ours.skipped <= allowed, (ours.skipped, keras_lso.skipped, ours.skipped_at)
+    # No more than Keras (2 and 8 of 300 on this CPU). The benchmark's judge
+    # allows twice Keras's, for its larger settings and five seeds.
+    assert ours.skipped <= keras_lso.skipped, (ours.skipped_at, keras_lso.skipped_at)
 
 
 def _run(setting, method, seed, outcome, skipped, steps=1000):

@@ -4,8 +4,9 @@ Under the float32 policy every power-of-two scale is exact, so training with
 keras_als (scales that differ per layer) must give the weights that training
 without loss scaling gives, on every model shape.
 
-Two checks. Against the same wrapped model with every scale 1: equal to the
-bit. Against the plain, unwrapped model: relative difference at most 1e-5,
+Two checks, with and without XLA. Against the same wrapped model with every
+scale 1: equal to the bit. Against the plain, unwrapped model: relative
+difference at most 1e-5,
 measured against the model's largest weight. The boundary ops change how
 TensorFlow orders some reductions, which moves rounding by ~1e-7 per step; a
 variable whose exact gradient is zero (the attention key bias, which softmax
@@ -19,6 +20,7 @@ out of the unscaling moves weights by whole orders of magnitude.
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_als
 from keras_als import policies
@@ -77,6 +79,7 @@ def test_training_gives_the_weights_of_training_without_scaling(shape, inner):
 def test_max_safe_scales_leave_the_weights_unchanged_under_xla(shape, measure_every_n_steps):
     model, x, y = models.ALL_SHAPES[shape]()
     reference = _train(models.copy_of(model), _inner("adam"), x, y, jit_compile=True)
+    unscaled = keras_als.wrap_model(models.copy_of(model))
 
     wrapped = keras_als.wrap_model(model)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
@@ -85,7 +88,16 @@ def test_max_safe_scales_leave_the_weights_unchanged_under_xla(shape, measure_ev
     actual = _train(wrapped, optimizer, x, y, jit_compile=True)
 
     assert len(set(optimizer.layer_scales().values())) > 1, optimizer.layer_scales()
+    assert int(optimizer.skipped_steps.numpy()) == 0
     assert_same_weights(actual, reference)
+
+    ones = keras_als.AdaptiveLossScaleOptimizer(
+        _inner("adam"),
+        policy=policies.Fixed(default=1.0),
+        measure_every_n_steps=measure_every_n_steps,
+    )
+    for a, e in zip(actual, _train(unscaled, ones, x, y, jit_compile=True), strict=True):
+        np.testing.assert_array_equal(a, e)
 
 
 @pytest.mark.parametrize("inner", ["sgd", "adam"])
@@ -106,3 +118,41 @@ def test_a_scale_per_output_leaves_the_weights_of_training_without_scaling(inner
     ones = keras_als.AdaptiveLossScaleOptimizer(_inner(inner), policy=policies.Fixed(default=1.0))
     for a, e in zip(actual, _train(unscaled, ones, x, y)):
         np.testing.assert_array_equal(a, e)
+
+
+@pytest.mark.parametrize("clip", ["clipnorm", "global_clipnorm"])
+def test_the_inner_optimizer_clips_the_unscaled_gradients(clip):
+    # docs/guide/custom_loops.md: to clip, give the inner optimizer `clipnorm`
+    # or `global_clipnorm`; it sees the unscaled gradients. The bound is the
+    # median of the plain model's gradient norms (or half their global norm),
+    # so clipping binds on some variables (on all) and not on others: scaled
+    # gradients would be clipped elsewhere (by other factors). Three steps: the
+    # first runs at the first guess, one scale for all; then the policy's.
+    model, x, y = models.sequential_mlp()
+    x, y = x[: 3 * BATCH], y[: 3 * BATCH]
+    plain = models.copy_of(model)
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(y[:BATCH], plain(x[:BATCH]))
+    norms = [float(tf.norm(g)) for g in tape.gradient(loss, plain.trainable_variables)]
+    if clip == "clipnorm":  # binds on half of the variables
+        bound = float(np.median(norms))
+        assert min(norms) < bound < max(norms)
+    else:  # binds: half the global norm
+        bound = 0.5 * float(np.linalg.norm(norms))
+
+    before = plain.get_weights()
+    plain.compile(optimizer=keras.optimizers.SGD(0.1, **{clip: bound}), loss="mse")
+    plain.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    wrapped = keras_als.wrap_model(model)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(
+        keras.optimizers.SGD(0.1, **{clip: bound}), policy=models.per_layer_fixed(wrapped)
+    )
+    wrapped.compile(optimizer=optimizer, loss="mse")
+    wrapped.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+
+    assert len(set(optimizer.layer_scales().values())) > 1, optimizer.layer_scales()
+    assert int(optimizer.iterations.numpy()) == 3
+    expected = [a - b for a, b in zip(plain.get_weights(), before, strict=True)]
+    actual = [a - b for a, b in zip(wrapped.get_weights(), before, strict=True)]
+    # The boundary ops reorder some float32 reductions (~1e-7 relative).
+    assert_same_weights(actual, expected, rtol=1e-6)

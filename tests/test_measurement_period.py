@@ -111,9 +111,15 @@ def test_gradients_that_keep_growing_overflow_once_then_are_measured_often_enoug
     assert int(optimizer.steps_until_measuring.numpy()) == 15
     steps = 36 // binades_per_step  # 2**36 in all
     measured = _measuring_steps(optimizer, step, steps, 2.0**binades_per_step, factor)
+    # From the first measurement on (the skipped step's), the gradients grow
+    # by less than MaxSafe's margin between two measurements ...
+    growth = binades_per_step * np.diff(measured)
+    assert len(measured) >= 2 and max(growth) < policies.MaxSafe().margin, measured
     assert int(optimizer.skipped_steps.numpy()) == 1, optimizer.telemetry()["overflows"]
-    # ... without measuring on every step where one binade per step allows fewer.
-    assert len(measured) <= {1: 0.7, 2: 1.0}[binades_per_step] * steps, measured
+    # ... without measuring on every step where one binade per step allows
+    # fewer (two binades allow a period of 1 step: half the margin is planned).
+    if binades_per_step == 1:
+        assert len(measured) <= 0.7 * steps, measured
 
 
 def test_gradients_that_only_swing_with_the_batch_are_not_measured_on_most_steps():

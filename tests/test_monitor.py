@@ -23,14 +23,26 @@ class LastLogs(keras.callbacks.Callback):
         self.batches.append(dict(logs))
 
 
-def monitored_fit(tmp_path, policy="max_safe", depth=8, every=1, epochs=2):
+WHOLE_MODEL = {
+    "scale_min",
+    "scale_max",
+    "skipped_steps",
+    "recent_skip_rate",
+    "skipped_in_a_row",
+    "scaling_stuck",
+}
+
+
+def monitored_fit(tmp_path, policy="max_safe", depth=8, every=1, epochs=2, **monitor_args):
     keras.config.set_dtype_policy("mixed_float16")
     try:
         model, x, y = models.deep_sigmoid_mlp(depth=depth)
         model = keras_als.wrap_model(model)
         optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.01), policy=policy)
         model.compile(optimizer=optimizer, loss="mse", jit_compile=True)
-        monitor = keras_als.ScaleMonitor(log_dir=str(tmp_path / "logs"), every_n_steps=every)
+        monitor = keras_als.ScaleMonitor(
+            log_dir=str(tmp_path / "logs"), every_n_steps=every, **monitor_args
+        )
         seen = LastLogs()
         history = model.fit(
             x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=[monitor, seen]
@@ -40,17 +52,23 @@ def monitored_fit(tmp_path, policy="max_safe", depth=8, every=1, epochs=2):
     return model, optimizer, monitor, seen, history
 
 
-def test_logs_history_and_tensorboard_carry_the_per_layer_numbers(tmp_path):
+def test_logs_carry_whole_model_numbers_and_history_and_tensorboard_the_per_layer_ones(
+    tmp_path,
+):
     _, optimizer, monitor, seen, history = monitored_fit(tmp_path, every=2)
     steps = 2 * 4  # 2 epochs of 64 / 16 batches
     assert len(seen.batches) == steps
     for logs in seen.batches:
+        assert set(logs) == {"loss"} | WHOLE_MODEL  # no per-layer key in the progress bar
         assert logs["scale_min"] <= logs["scale_max"] and logs["skipped_steps"] == 0
     final = optimizer.layer_scales()
+    assert len(final) == 10  # the loss's and 9 Dense layers': 50 numbers kept out of logs
     assert seen.batches[-1]["scale_max"] == max(final.values())  # step 8: a refresh
-    assert history.history["scale/loss"][-1] == final["loss"]
-    assert set(final) <= {k.split("/", 1)[1] for k in history.history if k.startswith("scale/")}
+    assert set(history.history) == {"loss"} | WHOLE_MODEL  # per epoch, for CSVLogger too
+    assert history.history["scale_min"][-1] == min(final.values())
+    assert history.history["scale_max"][-1] == max(final.values())
     assert monitor.history["step"] == [2, 4, 6, 8]
+    assert monitor.history["scale/loss"][-1] == final["loss"]
 
     events = glob.glob(str(tmp_path / "logs" / "events.out.tfevents.*"))
     assert events
@@ -86,9 +104,20 @@ def test_underflow_estimate_is_high_where_the_scale_is_too_small(tmp_path):
             assert all(0.0 <= v < 1e-3 for v in values[2:]), key
 
 
+def test_log_per_layer_adds_the_per_layer_numbers_to_each_epoch_s_logs(tmp_path):
+    _, optimizer, monitor, _, history = monitored_fit(tmp_path, every=2, log_per_layer=True)
+    final = optimizer.layer_scales()
+    kinds = ("scale", "underflow", "zeros", "headroom", "overflows")
+    per_layer = {f"{kind}/{name}" for kind in kinds for name in final}
+    assert set(history.history) == {"loss"} | WHOLE_MODEL | per_layer
+    for name, scale in final.items():
+        assert history.history[f"scale/{name}"][-1] == scale
+        assert history.history[f"underflow/{name}"][-1] == monitor.history[f"underflow/{name}"][-1]
+
+
 @pytest.mark.parametrize("source", ["monitor", "history", "log_dir"])
 def test_plot_scales_renders_a_png_from_every_source(tmp_path, source):
-    _, _, monitor, _, history = monitored_fit(tmp_path)
+    _, _, monitor, _, history = monitored_fit(tmp_path, log_per_layer=source == "history")
     given = {"monitor": monitor, "history": history, "log_dir": str(tmp_path / "logs")}[source]
     path = tmp_path / "scales.png"
     figure = keras_als.plot_scales(given, path)

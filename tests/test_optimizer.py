@@ -288,6 +288,34 @@ def _conditionals_holding(hlo: str, op_name_part: str) -> int:
     return count
 
 
+@pytest.mark.parametrize(("in_branch", "held"), [("matmul", 1), ("elementwise", 0)])
+def test_conditionals_holding_counts_a_conditional_whose_branch_holds_the_update(
+    in_branch, held
+):
+    # The positive control of the test below: a Keras Adam update in a `tf.cond`
+    # of a compiled function. With a matrix product in the branch XLA keeps it a
+    # conditional, which must be counted; with elementwise work only, XLA makes
+    # it selects, and the update is in the HLO but in no conditional.
+    optimizer = keras.optimizers.Adam(1e-3)
+    kernel = keras.Variable(tf.ones((4, 4)))
+    optimizer.build([kernel])
+
+    @tf.function(jit_compile=True)
+    def step(apply, x):
+        def update():
+            gradient = tf.matmul(x, x, transpose_a=True) if in_branch == "matmul" else 2.0 * x
+            optimizer.apply([gradient], [kernel])
+            return tf.constant(1)
+
+        return tf.cond(apply, update, lambda: tf.constant(0))
+
+    args = (tf.constant(True), tf.ones((4, 4)))
+    step(*args)
+    hlo = step.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
+    assert "adam" in hlo.lower()
+    assert _conditionals_holding(hlo, "adam") == held
+
+
 @pytest.mark.parametrize("optimizer_class", ["keras", "keras_als"])
 def test_under_xla_the_weight_update_is_not_a_conditional_but_selects_as_for_keras(
     optimizer_class,

@@ -30,12 +30,30 @@ def run(mode, folder, kill_at=None):
 def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path, mode):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     whole.mkdir(), killed.mkdir()
-    assert run(mode, whole).returncode == 0
+    uninterrupted = run(mode, whole)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     interrupted = run(mode, killed, kill_at=11)  # epoch 2 of 3, batch 5 of 6
     assert interrupted.returncode == -signal.SIGKILL
     assert not (killed / "final.npz").exists()
+    saved = dict(np.load(killed / "saved.npz"))  # the last checkpoint before the kill
     resumed = run(mode, killed)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    # The resumed process started from that checkpoint, not afresh (seeded, a
+    # fresh start would reach the same final weights): its position, its
+    # optimizer's iterations, weights and layer scales are the checkpoint's.
+    fresh, start = np.load(whole / "start.npz"), np.load(killed / "start.npz")
+    assert int(fresh["position"]) == 0
+    assert int(start["position"]) == {"fit": 1, "loop": 9}[mode]  # epoch 1 / step 9
+    assert int(start["iterations"]) > 0 == int(fresh["iterations"])
+    assert sorted(start.files) == sorted(saved)
+    for key in start.files:
+        np.testing.assert_array_equal(start[key], saved[key], err_msg=key)
+    assert not np.array_equal(start["arr_0"], fresh["arr_0"])  # the first kernel
+    # mixed_float16: the scales were measured and moved from the first guess.
+    assert set(fresh["scales"]) == {2.0**15}
+    assert set(start["scales"]) != {2.0**15}, start["scales"]
+
     expected, actual = np.load(whole / "final.npz"), np.load(killed / "final.npz")
     assert expected.files == actual.files
     for key in expected.files:
