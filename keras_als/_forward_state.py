@@ -17,6 +17,7 @@ import contextlib
 import tensorflow as tf
 
 from keras_als import _step_record
+from keras_als._keras_private import no_autocast
 
 _READS = frozenset({"ReadVariableOp", "ResourceGather", "VariableShape"})
 """Operations on a variable's handle that do not write it."""
@@ -30,9 +31,11 @@ def watch(variables):
         yield
         return
     graph = tf.compat.v1.get_default_graph()
-    before = [(v, tf.identity(v.value)) for v in variables]  # unused ones are pruned
+    with no_autocast():
+        before = [(v, tf.identity(v.value)) for v in variables]  # unused ones are pruned
     yield
-    written = _written(graph, variables)
+    with no_autocast():
+        written = _written(graph, variables)
     _step_record.add_snapshots([(v, value) for v, value in before if id(v) in written])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
+from keras.src.backend import AutocastScope
 from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 from keras.src.models.functional import Functional
 from keras.src.utils.tracking import no_automatic_dependency_tracking
@@ -20,6 +21,7 @@ __all__ = [
     "has_own_output_spec",
     "get_keras_mask",
     "input_name",
+    "no_autocast",
     "no_automatic_dependency_tracking",
     "own_weights",
     "producer",
@@ -114,3 +116,13 @@ def sublayers(layer) -> list:
     them one level at a time, to leave alone what an `AdaptiveScaled` holds.
     """
     return layer._flatten_layers(include_self=False, recursive=False)
+
+
+def no_autocast() -> AutocastScope:
+    """A scope in which a variable reads as itself, not cast to the compute dtype.
+
+    Inside a layer's call under mixed precision, Keras casts a float32
+    variable read to float16 (`AutocastScope`, which has no public name);
+    `_forward_state` needs the variable's own value and handle there.
+    """
+    return AutocastScope(None)

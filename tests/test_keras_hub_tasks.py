@@ -1,0 +1,289 @@
+"""KerasHub tasks, as their users hold them, instrumented in place.
+
+Tiny tasks built from their constructors (`benchmarks.hub_tasks`; no
+download): a RetinaNet detector, GPT-2 and Gemma causal LMs, a DeepLabV3
+segmenter and a ViT classifier, on pasted digits and the standard library's
+docstrings. Each keeps its class, methods, config and variable paths when
+wrapped, trains with its own loss under mixed_float16, and keeps the
+exactness contract in float32. LoRA and float8 compose in either order.
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_als
+from benchmarks import hub_tasks
+from keras_als import policies
+from tests import models
+
+pytest.importorskip("keras_hub")
+
+SPARSE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+TASKS = {  # builder, data, loss (None: the task's own)
+    "retinanet": (hub_tasks.retinanet, lambda: hub_tasks.detection_data("train", 32), None),
+    "gpt2_causal_lm": (hub_tasks.gpt2_causal_lm, lambda: hub_tasks.text_batches(32), SPARSE),
+    "gemma_causal_lm": (hub_tasks.gemma_causal_lm, lambda: hub_tasks.text_batches(32), SPARSE),
+    "deeplab_v3": (hub_tasks.deeplab_v3, lambda: hub_tasks.segmentation_data(16), SPARSE),
+    "vit_classifier": (hub_tasks.vit_classifier, lambda: hub_tasks.classification_data(32), SPARSE),
+}
+
+
+def _build(name, policy="float32"):
+    keras.config.set_dtype_policy(policy)
+    keras.utils.set_random_seed(0)
+    return TASKS[name][0]()
+
+
+def _compile(model, name, optimizer):
+    loss = TASKS[name][2]
+    model.compile(optimizer=optimizer, **({"loss": loss} if loss is not None else {}))
+
+
+def _description(model):
+    return (
+        type(model),
+        json.dumps(model.get_config(), sort_keys=True, default=str),
+        [w.path for w in model.weights],
+    )
+
+
+def _scaled_layers(model):
+    """Layers at any depth that own trainable weights (each should get a scale)."""
+    from keras_als._keras_private import own_weights
+
+    layers = model._flatten_layers(include_self=False)
+    return [layer for layer in layers if any(w.trainable for w in own_weights(layer))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_a_task_keeps_its_class_config_and_paths_and_trains_under_mixed_float16(name):
+    """Wrapped in place, the task is the same object with the same class, config,
+    variable paths and weights; every layer with weights, nested ones included,
+    gets a scale; its own loss falls over six steps and no more steps are
+    skipped than Keras's LossScaleOptimizer skips on the same task."""
+    model = _build(name, "mixed_float16")
+    before, weights = _description(model), list(model.weights)
+    assert keras_als.wrap_model(model) is model
+    assert _description(model) == before
+    assert all(a is b for a, b in zip(model.weights, weights, strict=True))
+
+    x, y = TASKS[name][1]()
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    _compile(model, name, optimizer)
+    losses = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
+    assert losses[-1] < losses[0], losses
+    assert len(optimizer.layer_scales()) - 1 == len(_scaled_layers(model))
+
+    keras_model = _build(name, "mixed_float16")
+    _compile(keras_model, name, keras.optimizers.Adam(1e-3))  # Keras's LossScaleOptimizer
+    keras_model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    keras_skipped = 2 * len(x if not isinstance(x, dict) else x["token_ids"]) // 8 - int(
+        keras_model.optimizer.iterations.numpy()
+    )
+    assert int(optimizer.skipped_steps.numpy()) <= keras_skipped
+
+
+def _gradients(model, optimizer, x, y):
+    """One traced step's gradients through the task's own `compute_loss`
+    (unscaled by `optimizer` where it is keras_als's)."""
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=None)
+            if optimizer is not None:
+                loss = optimizer.scale_loss(loss)
+        grads = tape.gradient(loss, model.trainable_variables)
+        if optimizer is not None:
+            grads = optimizer.unscale(grads, model.trainable_variables)
+        return grads
+
+    return [None if g is None else np.asarray(tf.convert_to_tensor(g)) for g in step()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_a_task_keeps_the_exactness_contract_in_float32(name):
+    """Float32: one step's unscaled gradients equal the plain task's within
+    float32 rounding (per variable: 1e-5 of its largest gradient, plus 1e-6
+    of the model's largest for variables whose true gradient is zero, such as
+    an attention key bias, and hold only rounding noise), with scales
+    that differ from layer to layer; and three SGD steps with those scales and
+    with every scale 1 give bit-identical weights."""
+    x, y = TASKS[name][1]()
+    x, y = keras.tree.map_structure(lambda a: a[:8], (x, y))
+    tensors = tf.nest.map_structure(tf.constant, (x, y))
+    plain = _build(name)
+    _compile(plain, name, keras.optimizers.SGD(0.0))
+    expected = _gradients(plain, None, *tensors)
+
+    wrapped = keras_als.wrap_model(_build(name))
+    wrapped.set_weights(plain.get_weights())
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(
+        keras.optimizers.SGD(0.0), policy=models.per_layer_fixed(wrapped, default=1.0)
+    )
+    _compile(wrapped, name, optimizer)
+    # The policy sets its scales on the first steps (learning rate 0).
+    wrapped.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    assert len(set(optimizer.layer_scales().values())) > 2, optimizer.layer_scales()
+    largest = max(np.max(np.abs(g)) for g in expected if g is not None)
+    for actual, reference, v in zip(
+        _gradients(wrapped, optimizer, *tensors), expected, wrapped.trainable_variables, strict=True
+    ):
+        assert (actual is None) == (reference is None), v.path
+        if reference is not None:
+            error = np.max(np.abs(actual - reference))
+            assert error <= 1e-5 * np.max(np.abs(reference)) + 1e-6 * largest, v.path
+
+    def trained(policy):
+        model = keras_als.wrap_model(_build(name))
+        model.set_weights(plain.get_weights())
+        inner = keras.optimizers.SGD(1e-3)
+        _compile(model, name, keras_als.AdaptiveLossScaleOptimizer(inner, policy=policy))
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0, shuffle=False)
+        return [np.asarray(w) for w in model.weights]
+
+    for a, b in zip(trained(models.per_layer_fixed(wrapped)), trained(policies.Fixed(default=1.0))):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_retinanet_evaluates_with_its_loss_and_decodes_boxes_as_the_plain_detector_does():
+    """The detector's own `compute_loss` (anchor matching, focal and smooth L1)
+    in `evaluate`; in float32 `predict` decodes the same boxes as the plain
+    detector's. Under mixed_float16, KerasHub 0.32's decoding fails on the
+    plain detector too (a TypeError in a Mul of float32 and float16), and the
+    wrapped one fails the same way (a limitation of KerasHub, not keras_als)."""
+    x, y = hub_tasks.detection_data("train", 16)
+    plain = _build("retinanet")
+    wrapped = keras_als.wrap_model(_build("retinanet"))
+    wrapped.set_weights(plain.get_weights())
+    _compile(wrapped, "retinanet", keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.0)))
+    results = wrapped.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    assert {"loss", "cls_logits_loss", "bbox_regression_loss"} <= set(results)
+    assert all(np.isfinite(v) for v in results.values())
+    decoded, expected = wrapped.predict(x, verbose=0), plain.predict(x, verbose=0)
+    assert set(decoded) >= {"boxes", "labels", "confidence", "num_detections"}
+    for key in expected:
+        np.testing.assert_array_equal(decoded[key], expected[key], err_msg=key)
+
+    for model in (_build("retinanet", "mixed_float16"), None):
+        model = model or keras_als.wrap_model(_build("retinanet", "mixed_float16"))
+        with pytest.raises(TypeError, match="float32.*float16|float16.*float32"):
+            model.predict(x[:2], verbose=0)
+
+
+@pytest.mark.slow
+def test_a_causal_lm_trains_then_generates_as_the_plain_one_with_its_weights():
+    x, y = hub_tasks.text_batches(32)
+    model = keras_als.wrap_model(_build("gpt2_causal_lm", "mixed_float16"))
+    _compile(model, "gpt2_causal_lm", keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam()))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.compile(sampler="greedy")  # KerasHub's default samples at random
+    plain = _build("gpt2_causal_lm", "mixed_float16")
+    plain.compile(sampler="greedy")
+    plain.set_weights(model.get_weights())
+    prompt = {"token_ids": x["token_ids"][:2], "padding_mask": np.arange(32)[None] < [[5], [9]]}
+    generated = model.generate(prompt, max_length=32, stop_token_ids=None)
+    expected = plain.generate(prompt, max_length=32, stop_token_ids=None)
+    np.testing.assert_array_equal(generated["token_ids"], expected["token_ids"])
+    assert np.any(generated["token_ids"][0, 5:] != x["token_ids"][0, 5:])  # it generated
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["lora_then_wrap", "wrap_then_lora"])
+def test_lora_fine_tuning_trains_only_the_lora_weights_in_either_order(order):
+    """Gemma with `backbone.enable_lora(4)` before or after wrapping: the
+    frozen weights do not move and get no optimizer slot; the LoRA weights
+    train, each projection with a scale of its own."""
+    model = _build("gemma_causal_lm", "mixed_float16")
+    if order == "lora_then_wrap":
+        model.backbone.enable_lora(4)
+        keras_als.wrap_model(model)
+    else:
+        keras_als.wrap_model(model)
+        model.backbone.enable_lora(4)
+    frozen = {w.path: np.array(w) for w in model.weights if not w.trainable}
+    lora = {w.path: np.array(w) for w in model.trainable_weights if "lora" in w.path}
+    assert lora and all("lora" in w.path for w in model.trainable_weights)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    _compile(model, "gemma_causal_lm", optimizer)
+    x, y = hub_tasks.text_batches(32)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    for w in model.weights:
+        if w.path in frozen:
+            np.testing.assert_array_equal(np.array(w), frozen[w.path], err_msg=w.path)
+    assert any(np.any(np.array(w) != lora[w.path]) for w in model.trainable_weights)
+    slots = len(optimizer.inner_optimizer.variables) - 2  # Adam's iterations and learning rate
+    assert slots == 2 * len(model.trainable_weights)
+    scales = optimizer.layer_scales()
+    assert {"decoder_block_0/attention/query", "decoder_block_0/attention/value"} <= set(scales)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["quantize_then_wrap", "wrap_then_quantize"])
+def test_float8_training_keeps_keras_s_own_scaling_beside_keras_als_s(order):
+    """`quantize("float8")` before or after wrapping: the model trains, Keras's
+    delayed scaling of its float8 layers updates its scales (they leave 1),
+    and each Dense has a loss scale of its own."""
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(32, activation="relu", name="hidden")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="out")(hidden))
+    if order == "quantize_then_wrap":
+        model.quantize("float8")
+        keras_als.wrap_model(model)
+    else:
+        keras_als.wrap_model(model)
+        model.quantize("float8")
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-2))
+    model.compile(optimizer=optimizer, loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8)).astype("float32")
+    losses = model.fit(x, x[:, :1], batch_size=32, epochs=4, verbose=0).history["loss"]
+    assert losses[-1] < 0.8 * losses[0], losses
+    hidden = model.get_layer("hidden")
+    assert float(hidden.inputs_scale.numpy()) != 1.0
+    assert float(hidden.outputs_grad_scale.numpy()) != 1.0
+    assert {"hidden", "out"} <= set(optimizer.layer_scales())
+
+
+@pytest.mark.slow
+def test_a_keras_file_holds_the_task_itself_and_a_checkpoint_resumes_its_scales(tmp_path):
+    """A wrapped GPT-2 causal LM saves to a `.keras` file that loads as a
+    GPT2CausalLM with no keras_als in its config and the same weights.
+    KerasHub tasks override `compile`, so Keras does not restore their
+    optimizer from a `.keras` file (for any optimizer); a `tf.train.Checkpoint`
+    of the model and optimizer does: restored into a fresh task, wrapped and
+    compiled, the optimizer has the saved scales and the next step gives the
+    original's weights, bit for bit."""
+    x, y = hub_tasks.text_batches(16)
+    first = {k: v[:8] for k, v in x.items()}, y[:8]
+    model = keras_als.wrap_model(_build("gpt2_causal_lm", "mixed_float16"))
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    _compile(model, "gpt2_causal_lm", optimizer)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    model.save(tmp_path / "lm.keras")
+    loaded = keras.saving.load_model(tmp_path / "lm.keras")
+    assert type(loaded) is type(model)
+    assert "keras_als" not in json.dumps(loaded.get_config(), default=str)
+    for a, b in zip(loaded.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=a.path)
+
+    path = tf.train.Checkpoint(model=model, optimizer=optimizer).write(str(tmp_path / "ckpt"))
+    fresh = keras_als.wrap_model(_build("gpt2_causal_lm", "mixed_float16"))
+    restored = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    _compile(fresh, "gpt2_causal_lm", restored)
+    restored.build(fresh.trainable_variables)
+    tf.train.Checkpoint(model=fresh, optimizer=restored).read(path).assert_consumed()
+    assert restored.layer_scales() == optimizer.layer_scales()
+    assert len(set(optimizer.layer_scales().values())) > 1
+    model.train_on_batch(*first)
+    fresh.train_on_batch(*first)
+    for a, b in zip(fresh.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=a.path)
