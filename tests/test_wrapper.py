@@ -234,7 +234,11 @@ def test_weights_are_copied_layer_by_layer_where_the_model_lists_them_out_of_gra
 
     keras.utils.set_random_seed(0)
     model = AttributesFirst()
-    assert [w.path for w in model.weights][0] == "head/kernel"  # out of graph order
+    if [w.path for w in model.weights][0] != "head/kernel":
+        pytest.skip(
+            f"Keras {keras.version()} lists this model's weights in graph order; Keras 3.15 "
+            "and newer list them in the order the attributes were set, the case tested here"
+        )
     wrapped = keras_als.wrap_model(model)
     for name in ("body", "head"):
         for original, copy in zip(model.get_layer(name).weights, wrapped.get_layer(name).weights):
