@@ -27,7 +27,7 @@ if _keras.config.backend() != "tensorflow":
         'before importing keras (or set "backend" in ~/.keras/keras.json).'
     )
 
-from keras_als import policies  # noqa: E402
+from keras_als import _version, policies  # noqa: E402
 from keras_als.monitor import ScaleMonitor  # noqa: E402
 from keras_als.optimizer import AdaptiveLossScaleOptimizer  # noqa: E402
 from keras_als.plots import plot_scales  # noqa: E402
@@ -41,4 +41,4 @@ __all__ = [
     "policies",
     "wrap_model",
 ]
-__version__ = "0.1.0"
+__version__ = _version.version()
