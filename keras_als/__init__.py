@@ -31,7 +31,7 @@ if _keras.config.backend() != "tensorflow":
         'before importing keras (or set "backend" in ~/.keras/keras.json).'
     )
 
-from keras_als import policies  # noqa: E402
+from keras_als import _version, policies  # noqa: E402
 from keras_als.instrument import unwrap_model, wrap_model  # noqa: E402
 from keras_als.monitor import ScaleMonitor  # noqa: E402
 from keras_als.optimizer import AdaptiveLossScaleOptimizer  # noqa: E402
@@ -47,4 +47,4 @@ __all__ = [
     "unwrap_model",
     "wrap_model",
 ]
-__version__ = "0.1.0"
+__version__ = _version.version()

@@ -1,9 +1,10 @@
 """Every private Keras and TensorFlow API keras_als uses, in one place.
 
 Each name below is used because no public API does the same; each was checked
-against Keras 3.15 and TensorFlow 2.21. A Keras or TensorFlow upgrade that
-moves one of them breaks here, at import, and in `tests/test_keras_private.py`,
-rather than deep inside a training step.
+against Keras 3.10 and 3.15 and TensorFlow 2.19 and 2.21 (the ends of
+pyproject.toml's range). A Keras or TensorFlow upgrade that moves one of them
+breaks here, at import, and in `tests/test_keras_private.py`, rather than deep
+inside a training step.
 """
 
 from __future__ import annotations

@@ -16,8 +16,15 @@ def plot_scales(source, path: str | os.PathLike | None = None):
             TensorBoard `log_dir` a `ScaleMonitor` wrote.
         path: Where to save the figure as PNG, or None.
 
+    The figure is made without pyplot, so the session's matplotlib backend (a
+    notebook's inline one, say) stays as it is; a notebook shows the returned
+    figure when it is a cell's last value.
+
     Returns:
         The `matplotlib.figure.Figure`.
+
+    Raises:
+        ImportError: matplotlib is not installed (`pip install "keras-als[plots]"`).
 
     Example:
 
@@ -28,13 +35,9 @@ def plot_scales(source, path: str | os.PathLike | None = None):
     >>> len(keras_als.plot_scales(monitor).axes)
     3
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
+    figure = _new_figure()
     steps, scales, underflow = _series(source)
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), constrained_layout=True)
+    top, bottom = figure.subplots(2, 1)
     for name, values in scales.items():
         top.plot(steps, np.log2(np.maximum(values, 2.0**-30)), label=name)
     top.set_ylabel("log2(scale)")
@@ -52,6 +55,18 @@ def plot_scales(source, path: str | os.PathLike | None = None):
     if path is not None:
         figure.savefig(path, dpi=100)
     return figure
+
+
+def _new_figure():
+    """A 9x7 inch figure outside pyplot: the session's backend stays as the user set it."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError(
+            "keras_als.plot_scales needs matplotlib, which is not installed: "
+            'pip install "keras-als[plots]" (or pip install matplotlib).'
+        ) from error
+    return Figure(figsize=(9, 7), layout="constrained")
 
 
 def _series(source):

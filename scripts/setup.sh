@@ -6,9 +6,11 @@
 #
 # Python: the newest of python3.13, python3.12, python3.11, python3, python on
 # PATH that runs and lies in pyproject.toml's requires-python (the CPython
-# versions TensorFlow 2.21 has wheels for, from 3.11 on).
+# versions TensorFlow 2.20 and 2.21 have wheels for, from 3.11 on).
 #   KERAS_ALS_PYTHON=python3.12   use this Python (a command or a path)
 #   KERAS_ALS_VENV=.venv-3.12     put the venv here instead of .venv
+#   KERAS_ALS_OLDEST=1            install the oldest TensorFlow and Keras keras_als
+#                                 supports (scripts/oldest.txt; Python 3.12 at most)
 #   bash scripts/setup.sh --which prints the Python it would use, and stops
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,10 @@ if [ -z "$range" ]; then
   exit 1
 fi
 read -r low high <<<"$range"
+oldest=${KERAS_ALS_OLDEST:-0}
+if [ "$oldest" = 1 ] && [ "$high" -gt 13 ]; then
+  high=13  # TensorFlow 2.19 has no wheels for Python 3.13
+fi
 supported="3.$low to 3.$((high - 1))"
 
 # Prints the absolute path of a supported Python run as "$1", or nothing.
@@ -49,7 +55,7 @@ if [ -n "${KERAS_ALS_PYTHON:-}" ]; then
   python=$(supported_python "$KERAS_ALS_PYTHON" pyenv)
   if [ -z "$python" ]; then
     echo "setup.sh: KERAS_ALS_PYTHON=$KERAS_ALS_PYTHON does not run, or is not Python" \
-      "$supported (what keras_als and TensorFlow 2.21 support)." >&2
+      "$supported (what keras_als and its TensorFlow support)." >&2
     exit 1
   fi
 else
@@ -85,15 +91,20 @@ fi
 stamp=$venv/.keras_als-installed
 # The editable install points at this checkout: a venv kept elsewhere (as
 # .ci/run keeps its extra ones) is re-installed for each new checkout.
-want=$( (cat pyproject.toml; pwd) | sha256sum | cut -d' ' -f1)
+constraints=()
+if [ "$oldest" = 1 ]; then
+  constraints=(-c scripts/oldest.txt)
+fi
+want=$( (cat pyproject.toml; pwd; if [ "$oldest" = 1 ]; then cat scripts/oldest.txt; fi) |
+  sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing keras_als[test,demo] into $venv with Python $version" \
-    "($python); the first time takes a few minutes."
+  echo "setup: installing keras_als[test,demo]${constraints[*]:+ with ${constraints[*]}}" \
+    "into $venv with Python $version ($python); the first time takes a few minutes."
   log=$venv/pip.log
   # pip's own output goes to the log (this machine's pip configuration and
   # setuptools warn on every install); on failure the log is shown whole.
   if ! { "$venv/bin/python" -m pip install --upgrade pip &&
-         "$venv/bin/python" -m pip install -e ".[test,demo]"; } >"$log" 2>&1; then
+         "$venv/bin/python" -m pip install "${constraints[@]}" -e ".[test,demo]"; } >"$log" 2>&1; then
     cat "$log" >&2
     echo "setup.sh: pip failed (above, and in $log)." >&2
     exit 1

@@ -15,6 +15,7 @@ import keras_als
 from keras_als import policies
 from tests import models
 
+KERAS_VERSION = tuple(int(part) for part in keras.version().split(".")[:2])
 
 def test_config_round_trip_keeps_the_policy_and_the_inner_optimizer():
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
@@ -63,10 +64,15 @@ def test_fixed_policy_survives_serialization():
             ValueError,
             "max_safe",
         ),
-        (
+        pytest.param(
             lambda: keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(), clipnorm=1.0),
             ValueError,
             "inner_optimizer",
+            marks=pytest.mark.skipif(
+                KERAS_VERSION < (3, 12),
+                reason="Keras 3.10 and 3.11's LossScaleOptimizer takes clipnorm and ignores it; "
+                "the refusal keras_als passes on is Keras's, from 3.12 on",
+            ),
         ),
     ],
 )
