@@ -8,6 +8,8 @@ records. Reading telemetry never changes training.
 
 from __future__ import annotations
 
+import math
+
 import keras
 import tensorflow as tf
 
@@ -115,3 +117,18 @@ def underflow(plan, statistics, weight_grads, float16, before) -> tuple[tf.Tenso
         subnormal = tf.where(lost, tf.ones_like(subnormal), subnormal)
         silent = tf.logical_and(silent, tf.logical_not(lost))
     return tf.where(silent, before[0], subnormal), tf.where(silent, before[1], zero)
+
+
+def table(telemetry: dict) -> str:
+    """`telemetry` as a text table: a line per scale, then the skipped steps."""
+    rows = [("scale", "value", "headroom", "overflows")]
+    for name, scale in telemetry["scale"].items():
+        value = f"2**{int(math.log2(scale))}" if scale > 0 else str(scale)
+        headroom = telemetry["headroom"].get(name, 0.0)
+        rows.append((name, value, f"{headroom:g}", str(telemetry["overflows"].get(name, 0))))
+    widths = [max(len(row[i]) for row in rows) + 2 for i in range(3)]
+    lines = ["".join(c.ljust(w) for c, w in zip(row, widths)) + row[3] for row in rows]
+    lines.append(f"skipped steps: {telemetry['skipped_steps']} of {telemetry['steps']}")
+    if telemetry["warning"]:
+        lines.append(telemetry["warning"])
+    return "\n".join(lines)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import numbers
-import warnings
 import weakref
 
 import keras
@@ -13,6 +10,7 @@ import tensorflow as tf
 from keras_als import (
     _apply_phases,
     _entries,
+    _mistakes,
     _plan,
     _scale_state,
     _step_record,
@@ -49,7 +47,10 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     and warns once.
 
     Args:
-        inner_optimizer: The `keras.optimizers.Optimizer` that applies updates.
+        inner_optimizer: The `keras.optimizers.Optimizer` that applies updates,
+            or its name (`"adam"`) or config, as `model.compile` takes one.
+            Clipping and weight decay are its arguments: it sees the
+            unscaled gradients.
         policy: A `keras_als.policies` policy or its name: `"max_safe"`
             (default), `"approx_range"` (the paper's rule) or `"fixed"`.
         initial_scale: Scale of every component on the first step: a power of
@@ -73,7 +74,11 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             when a quarter of the last `SKIP_WINDOW` steps were skipped),
             `telemetry()` and `ScaleMonitor` report the scaling as stuck and
             raise one `UserWarning` saying where overflows started and what
-            usually causes it. Nothing stops or raises on its own.
+            usually causes it; so does the end of every `fit`. Nothing stops
+            or raises on its own.
+        estimate_underflow: Count zeros and float16 subnormals on the steps
+            that measure, for the `"underflow_rate"` of `telemetry()`
+            (`ScaleMonitor` turns it on). Read when the step is traced.
         name: Optional name.
 
     Example:
@@ -99,13 +104,15 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         policy: str | policies.Policy = "max_safe",
         measure_every_n_steps: int = 16,
         warn_after_skipped_steps: int = 20,
+        estimate_underflow: bool = False,
         **kwargs,
     ):
-        _check_inner(inner_optimizer)
+        inner_optimizer = _mistakes.inner(inner_optimizer)
+        _mistakes.no_base_arguments(kwargs)
         resolved = policies.get(policy)
-        initial_scale = _power_of_two_at_most(initial_scale)
-        _check_count("measure_every_n_steps", measure_every_n_steps, " (1 measures every step)")
-        _check_count("warn_after_skipped_steps", warn_after_skipped_steps)
+        initial_scale = _mistakes.power_of_two_at_most(initial_scale)
+        _mistakes.count("measure_every_n_steps", measure_every_n_steps, " (1 measures every step)")
+        _mistakes.count("warn_after_skipped_steps", warn_after_skipped_steps)
         super().__init__(
             inner_optimizer,
             initial_scale=initial_scale,
@@ -116,9 +123,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.policy = resolved
         self.measure_every_n_steps = measure_every_n_steps
         self.warn_after_skipped_steps = warn_after_skipped_steps
-        self.estimate_underflow = False  # count zeros when measuring (ScaleMonitor sets it)
-        self._warned_eager = False
-        self._warned_stuck = False
+        self.estimate_underflow = bool(estimate_underflow)
 
     @no_automatic_dependency_tracking
     def build(self, var_list):
@@ -186,7 +191,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         `tape.gradient`, as `model.fit` does.
         """
         if not tf.inside_function() or not hasattr(loss, "graph"):
-            self._warn_eager()
+            _mistakes.warn_eager(self)
             return super().scale_loss(loss)
         measuring = None
         if self.built and self.measure_every_n_steps > 1:
@@ -201,6 +206,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             measuring,
             count_zeros=bool(self.estimate_underflow),
         )
+        if self.built and not plan.boundaries() and not self._owners():
+            _mistakes.warn_no_boundaries(self)
         _plan.connect(plan)
         _step_record.add_plan(self, plan)
         self._planned_in = weakref.ref(plan.graph)
@@ -215,18 +222,6 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         planned_in = getattr(self, "_planned_in", None)
         graph = planned_in() if planned_in is not None else None
         return graph is not None and graph is not tf.compat.v1.get_default_graph()
-
-    def _warn_eager(self):
-        if not self._warned_eager:
-            self._warned_eager = True
-            warnings.warn(
-                "keras_als: the training step runs eagerly (run_eagerly=True or a custom "
-                "loop without tf.function), so there is no graph to plan layer-wise "
-                "scales; AdaptiveLossScaleOptimizer uses one dynamic loss scale, like "
-                "keras.optimizers.LossScaleOptimizer. Trace the step (the default in "
-                "model.compile, or @tf.function) for layer-wise scales.",
-                stacklevel=3,
-            )
 
     @tf.autograph.experimental.do_not_convert
     def unscale(self, grads, trainable_variables):
@@ -284,9 +279,11 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 "knows. Call scale_loss, tape.gradient and apply in one traced function."
             )
         if plan is None:
+            if tf.inside_function():
+                _mistakes.warn_unscaled_apply(self)
             return super().apply(grads, trainable_variables)
         if not self.built:
-            _build_in_step(self, trainable_variables)
+            _mistakes.build_in_step(self, trainable_variables)
         variables = (
             list(trainable_variables)
             if trainable_variables is not None
@@ -329,15 +326,34 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         ({'loss': 32768.0}, {'loss': 0}, 0)
         """
         telemetry = _telemetry.read(self)
-        if telemetry["warning"] is not None and not self._warned_stuck:
-            self._warned_stuck = True
-            warnings.warn(telemetry["warning"], stacklevel=2)
+        _mistakes.warn_stuck(self, telemetry["warning"])
         return telemetry
+
+    def finalize_variable_values(self, var_list):
+        # Keras calls this at the end of every `fit`: a stuck scaling is said
+        # there, whether a ScaleMonitor reads the telemetry or not.
+        super().finalize_variable_values(var_list)
+        if self.built:
+            _mistakes.warn_stuck(self, _telemetry.read(self)["warning"], stacklevel=4)
+
+    def summary(self, print_fn=print) -> None:
+        """Prints one line per scale: its name, value, headroom and overflows.
+
+        Example:
+
+        >>> import keras, keras_als
+        >>> keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD()).summary()
+        scale     value     headroom  overflows
+        loss      2**15     0         0
+        skipped steps: 0 of 0
+        """
+        print_fn(_telemetry.table(self.telemetry()))
 
     def get_config(self):
         config = super().get_config()  # name, inner_optimizer, initial_scale, dynamic_growth_steps
         config["measure_every_n_steps"] = self.measure_every_n_steps
         config["warn_after_skipped_steps"] = self.warn_after_skipped_steps
+        config["estimate_underflow"] = self.estimate_underflow
         config["policy"] = keras.saving.serialize_keras_object(self.policy)
         return config
 
@@ -351,72 +367,3 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if isinstance(policy, dict):
             policy = keras.saving.deserialize_keras_object(policy, custom_objects=custom_objects)
         return cls(inner, policy=policy, **config)
-
-
-def _build_in_step(optimizer, trainable_variables) -> None:
-    """Builds `optimizer` on its first `apply`, or says why it cannot."""
-    context = tf.distribute.get_replica_context()
-    if context is not None and context.num_replicas_in_sync > 1:
-        raise ValueError(
-            "Build the optimizer before the distributed training step: "
-            "`with strategy.scope(): optimizer.build(model.trainable_variables)`."
-        )
-    if trainable_variables is None:
-        raise ValueError(
-            "The first call to apply() needs the variables: "
-            "optimizer.apply(grads, model.trainable_variables), or call "
-            "optimizer.build(model.trainable_variables) first."
-        )
-    with keras.name_scope(optimizer.name, caller=optimizer):
-        optimizer.build(trainable_variables)
-    optimizer.built = True
-
-
-def _check_inner(inner_optimizer) -> None:
-    """Raises unless `inner_optimizer` is a Keras optimizer that does not scale the loss."""
-    if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
-        raise TypeError(
-            "AdaptiveLossScaleOptimizer wraps a keras.optimizers.Optimizer, e.g. "
-            f"AdaptiveLossScaleOptimizer(keras.optimizers.Adam()); got {inner_optimizer!r}."
-        )
-    if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError(
-            "The inner optimizer is already a LossScaleOptimizer: pass the optimizer "
-            "inside it instead (its .inner_optimizer)."
-        )
-
-
-def _check_count(name: str, value, hint: str = "") -> None:
-    """Raises a ValueError unless `value` is a whole number >= 1 (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1{hint}; got {value!r}.")
-
-
-def _power_of_two_at_most(initial_scale) -> float:
-    """`initial_scale` as a float, rounded down to a power of two with a warning.
-
-    Raises:
-        ValueError: If it is not a finite number in `[MIN_SCALE, MAX_SCALE]`.
-    """
-    if (
-        isinstance(initial_scale, bool)
-        or not isinstance(initial_scale, numbers.Real)
-        or not math.isfinite(initial_scale)
-        or not policies.MIN_SCALE <= initial_scale <= policies.MAX_SCALE
-    ):
-        raise ValueError(
-            "initial_scale must be a finite number between 2**-24 and 2**64, best a power "
-            f"of two such as 2.0**15 (the default); got {initial_scale!r}."
-        )
-    mantissa, exponent = math.frexp(float(initial_scale))
-    scale = math.ldexp(0.5, exponent)
-    if mantissa != 0.5:
-        warnings.warn(
-            f"keras_als: initial_scale={initial_scale!r} is not a power of two; using "
-            f"{scale!r} (2**{exponent - 1}), the power of two below it, because keras_als "
-            f"scales only by powers of two (exact in floating point). Pass "
-            f"initial_scale=2.0**{exponent - 1} to silence this warning.",
-            UserWarning,
-            stacklevel=3,
-        )
-    return scale

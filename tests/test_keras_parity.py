@@ -184,6 +184,7 @@ def test_keras_config_keys_and_ours():
         "policy",
         "measure_every_n_steps",
         "warn_after_skipped_steps",
+        "estimate_underflow",
     }
     assert {k: config[k] for k in keras_config} == dict(keras_config, initial_scale=2.0)
     restored = keras_als.AdaptiveLossScaleOptimizer.from_config(config)
@@ -197,6 +198,7 @@ ARGUMENTS = {
     "dynamic_growth_steps": 2,
     "measure_every_n_steps": 3,
     "warn_after_skipped_steps": 5,
+    "estimate_underflow": True,
     "policy": policies.ApproxRange(max_ratio=None),
     "name": "my_scaler",
 }

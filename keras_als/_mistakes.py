@@ -1,0 +1,162 @@
+"""The mistakes a user can make with the optimizer, caught.
+
+Arguments are checked when the optimizer is made (each error names the
+fix), and what goes wrong in training is said once, as a `UserWarning`:
+
+- `warn_eager`: the step runs eagerly, so there is no graph to plan scales;
+- `warn_unscaled_apply`: `apply` traced without `scale_loss` in the same
+  function, which divides every gradient by a loss scale never applied;
+- `warn_no_boundaries`: a model never given to `keras_als.wrap_model`, whose
+  layers all share the loss's one scale;
+- `warn_stuck`: the stuck rule of the telemetry fired (skips in a row, or
+  too many recent ones), said at the end of `fit` too, monitor or not.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+import keras
+import tensorflow as tf
+
+from keras_als import policies
+
+
+def warn_once(optimizer, kind: str, message: str, stacklevel: int = 3) -> None:
+    """Warns `message` unless `optimizer` warned of `kind` already."""
+    said = vars(optimizer).setdefault("_keras_als_warned", set())
+    if kind not in said:
+        said.add(kind)
+        warnings.warn(message, UserWarning, stacklevel=stacklevel)
+
+
+def warn_eager(optimizer) -> None:
+    warn_once(
+        optimizer,
+        "eager",
+        "keras_als: the training step runs eagerly (run_eagerly=True or a custom "
+        "loop without tf.function), so there is no graph to plan layer-wise "
+        "scales; AdaptiveLossScaleOptimizer uses one dynamic loss scale, like "
+        "keras.optimizers.LossScaleOptimizer. Trace the step (the default in "
+        "model.compile, or @tf.function) for layer-wise scales.",
+        stacklevel=4,
+    )
+
+
+def warn_unscaled_apply(optimizer) -> None:
+    warn_once(
+        optimizer,
+        "unscaled_apply",
+        "keras_als: apply() was traced without scale_loss() in the same function, so "
+        "the gradients are divided by a loss scale (2**15 at first) that the loss never "
+        "got: every update is that much too small. In a custom step call "
+        "`scaled = optimizer.scale_loss(loss)` inside the tape and take "
+        "`tape.gradient(scaled, ...)`, then apply() in the same tf.function.",
+        stacklevel=4,
+    )
+
+
+def warn_no_boundaries(optimizer) -> None:
+    warn_once(
+        optimizer,
+        "no_boundaries",
+        "keras_als: the traced step has no scale boundary, so every layer shares the "
+        "loss's one scale (Keras's dynamic loss scaling). Instrument the model first: "
+        "keras_als.wrap_model(model).",
+        stacklevel=4,
+    )
+
+
+def warn_stuck(optimizer, message: str | None, stacklevel: int = 3) -> None:
+    if message is not None:
+        warn_once(optimizer, "stuck", message, stacklevel=stacklevel)
+
+
+def build_in_step(optimizer, trainable_variables) -> None:
+    """Builds `optimizer` on its first `apply`, or says why it cannot."""
+    context = tf.distribute.get_replica_context()
+    if context is not None and context.num_replicas_in_sync > 1:
+        raise ValueError(
+            "Build the optimizer before the distributed training step: "
+            "`with strategy.scope(): optimizer.build(model.trainable_variables)`."
+        )
+    if trainable_variables is None:
+        raise ValueError(
+            "The first call to apply() needs the variables: "
+            "optimizer.apply(grads, model.trainable_variables), or call "
+            "optimizer.build(model.trainable_variables) first."
+        )
+    with keras.name_scope(optimizer.name, caller=optimizer):
+        optimizer.build(trainable_variables)
+    optimizer.built = True
+
+
+def inner(inner_optimizer) -> keras.optimizers.Optimizer:
+    """`inner_optimizer` (a Keras optimizer, or its name or config as `compile`
+    takes one); raises unless it is one that does not scale the loss."""
+    if isinstance(inner_optimizer, (str, dict)):
+        inner_optimizer = keras.optimizers.get(inner_optimizer)
+    if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "AdaptiveLossScaleOptimizer wraps a keras.optimizers.Optimizer, e.g. "
+            f"AdaptiveLossScaleOptimizer(keras.optimizers.Adam()); got {inner_optimizer!r}."
+        )
+    if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "The inner optimizer is already a LossScaleOptimizer: pass the optimizer "
+            "inside it instead (its .inner_optimizer)."
+        )
+    return inner_optimizer
+
+
+BASE_ARGUMENTS = ("clipnorm", "global_clipnorm", "clipvalue", "weight_decay", "use_ema")
+"""Arguments of the inner optimizer that Keras's LossScaleOptimizer does not apply itself."""
+
+
+def no_base_arguments(kwargs: dict) -> None:
+    """Raises for an argument that belongs to the inner optimizer (Keras 3.10
+    and 3.11 accept `clipnorm` on `LossScaleOptimizer` and ignore it)."""
+    given = [name for name in BASE_ARGUMENTS if kwargs.get(name) not in (None, False)]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: set it on the `inner_optimizer`, which sees the unscaled "
+            f"gradients: AdaptiveLossScaleOptimizer(keras.optimizers.Adam({given[0]}=...))."
+        )
+
+
+def count(name: str, value, hint: str = "") -> None:
+    """Raises a ValueError unless `value` is a whole number >= 1 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1{hint}; got {value!r}.")
+
+
+def power_of_two_at_most(initial_scale) -> float:
+    """`initial_scale` as a float, rounded down to a power of two with a warning.
+
+    Raises:
+        ValueError: If it is not a finite number in `[MIN_SCALE, MAX_SCALE]`.
+    """
+    if (
+        isinstance(initial_scale, bool)
+        or not isinstance(initial_scale, numbers.Real)
+        or not math.isfinite(initial_scale)
+        or not policies.MIN_SCALE <= initial_scale <= policies.MAX_SCALE
+    ):
+        raise ValueError(
+            "initial_scale must be a finite number between 2**-24 and 2**64, best a power "
+            f"of two such as 2.0**15 (the default); got {initial_scale!r}."
+        )
+    mantissa, exponent = math.frexp(float(initial_scale))
+    scale = math.ldexp(0.5, exponent)
+    if mantissa != 0.5:
+        warnings.warn(
+            f"keras_als: initial_scale={initial_scale!r} is not a power of two; using "
+            f"{scale!r} (2**{exponent - 1}), the power of two below it, because keras_als "
+            f"scales only by powers of two (exact in floating point). Pass "
+            f"initial_scale=2.0**{exponent - 1} to silence this warning.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return scale
