@@ -156,7 +156,7 @@ def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, upda
     def update(statistics):
         proposed = _scale_state.choose_scales(optimizer, plan, statistics, finite, step, updated)
         _scale_state.record_measurement(optimizer, plan, statistics, gradients)
-        elapsed = optimizer.steps_since_measured + 1
+        elapsed = _scale_state.counter(optimizer, "steps_since_measured") + 1
         period = next_period(plan.scales, proposed, elapsed, optimizer.measure_every_n_steps)
         return tf.where(updated, period, tf.ones_like(period))
 
@@ -218,8 +218,8 @@ def count_until_measuring(optimizer, finite, measured, period) -> None:
     skipped step, else `period` steps after a measuring step (`next_period`);
     `steps_since_measured` counts the finite steps since the last measurement
     or skipped step."""
-    until = optimizer.steps_until_measuring
-    since = optimizer.steps_since_measured
+    until = _scale_state.counter(optimizer, "steps_until_measuring")
+    since = _scale_state.counter(optimizer, "steps_since_measured")
     zero = tf.zeros_like(until)
     until = tf.where(finite, tf.where(measured, tf.cast(period, until.dtype) - 1, until - 1), zero)
     since = tf.where(tf.logical_and(finite, tf.logical_not(measured)), since + 1, zero)

@@ -66,3 +66,18 @@ def names(paths: Sequence[str]) -> list[str]:
         if seen[name] > 1:
             chosen[i] = f"{name}#{seen[name]}"
     return chosen
+
+
+def scaled(optimizer) -> list[tuple[object, int, str]]:
+    """`(owner, entry, name)` of every layer with a scale (empty before `build`)."""
+    if not optimizer.built:
+        return []
+    found = owners(optimizer._trainable_variables)
+    chosen = names([owner.scale_path for owner, _ in found])
+    return [(owner, entry, name) for (owner, entry), name in zip(found, chosen)]
+
+
+def named(optimizer) -> tuple[list[str], list[int]]:
+    """The names of `layer_scales()` and the entry each is read from (`"loss"`: 0)."""
+    found = scaled(optimizer)
+    return ["loss", *(name for _, _, name in found)], [0, *(e for _, e, _ in found)]

@@ -4,8 +4,9 @@ Arguments are checked when the optimizer is made (each error names the
 fix), and what goes wrong in training is said once, as a `UserWarning`:
 
 - `warn_eager`: the step runs eagerly, so there is no graph to plan scales;
-- `warn_unscaled_apply`: `apply` traced without `scale_loss` in the same
-  function, which divides every gradient by a loss scale never applied;
+- `unscaled_apply`: `apply` traced without `scale_loss` in the same
+  function, which divides every gradient by a loss scale never applied (an
+  error where `scale_loss` ran in another traced function);
 - `warn_no_boundaries`: a model never given to `keras_als.wrap_model`, whose
   layers all share the loss's one scale;
 - `warn_stuck`: the stuck rule of the telemetry fired (skips in a row, or
@@ -21,7 +22,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from keras_als import policies
+from keras_als import _step_record, policies
 
 
 def warn_once(optimizer, kind: str, message: str, stacklevel: int = 3) -> None:
@@ -45,7 +46,15 @@ def warn_eager(optimizer) -> None:
     )
 
 
-def warn_unscaled_apply(optimizer) -> None:
+def unscaled_apply(optimizer) -> None:
+    """Raises if `scale_loss` ran in another traced function than `apply`, else
+    warns (once) that `apply` is traced without it."""
+    if _step_record.planned_elsewhere(optimizer):
+        raise ValueError(
+            "apply() is traced in another tf.function than scale_loss(): the gradients "
+            "carry per-layer scales that only the function which called scale_loss() "
+            "knows. Call scale_loss, tape.gradient and apply in one traced function."
+        )
     warn_once(
         optimizer,
         "unscaled_apply",

@@ -87,6 +87,15 @@ def declare(state, layers: int) -> None:
     state.dynamic_scale = variable("dynamic_scale")
 
 
+def vector(state) -> tf.Tensor:
+    """Every scale as one float32 vector: the loss's (entry 0, Keras's
+    `dynamic_scale`), then each variable's; before `build`, the initial scale."""
+    if not state.built:
+        return tf.constant([float(state.initial_scale)])
+    loss = tf.reshape(tf.convert_to_tensor(state.dynamic_scale), [1])
+    return tf.concat([loss, row(state, "scale")[1:]], axis=0)
+
+
 def table(state) -> tf.Tensor:
     """The table of `PER_SCALE` rows, one column per scale entry."""
     flat = tf.convert_to_tensor(state.scale_state)
@@ -206,7 +215,7 @@ def choose_scales(state, plan, statistics, finite, step, updated) -> tf.Tensor:
     new = policies.rise_after_first_update(proposed, plan.scales, updated)
     safe = plan.scales
     if _statistics.several_replicas():  # this runs on skipped steps too
-        new = tf.where(finite, new, per_component(plan, state.scale_vector()))
+        new = tf.where(finite, new, per_component(plan, vector(state)))
         safe = tf.where(finite, safe, per_component(plan, row(state, "safe_scale")))
     write(plan, state, "safe_scale", safe)
     assign_scales(state, plan, new)

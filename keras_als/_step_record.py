@@ -87,8 +87,21 @@ def add_snapshots(snapshots) -> None:
         _write(record._replace(snapshots=record.snapshots + tuple(snapshots)))
 
 
+def plan_now(optimizer):
+    """The plan `optimizer.scale_loss` made in the step traced now, or None."""
+    return read().plan_for(optimizer) if tf.inside_function() else None
+
+
+def planned_elsewhere(optimizer) -> bool:
+    """True if `optimizer.scale_loss` last ran in another traced function than this one."""
+    planned_in = getattr(optimizer, "_keras_als_planned_in", None)
+    graph = planned_in() if planned_in is not None else None
+    return graph is not None and graph is not tf.compat.v1.get_default_graph()
+
+
 def add_plan(optimizer, plan) -> None:
     """Records `optimizer`'s plan for the step traced in `plan.graph`."""
+    optimizer._keras_als_planned_in = weakref.ref(plan.graph)
     record = read(plan.graph)
     others = tuple((r, p) for r, p in record.plans if r() is not optimizer and r() is not None)
     _write(record._replace(plans=others + ((weakref.ref(optimizer), plan),)), plan.graph)

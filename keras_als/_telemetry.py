@@ -25,10 +25,10 @@ FLUSH_PROPAGATION = 8
 
 def read(optimizer) -> dict:
     """`optimizer.telemetry()`'s dict (see there), without warning."""
-    from keras_als import _scale_state  # which imports this module
+    from keras_als import _entries, _scale_state  # _scale_state imports this module
 
     built = optimizer.built
-    names, entries = optimizer._named_entries() if built else (["loss"], [0])
+    names, entries = _entries.named(optimizer) if built else (["loss"], [0])
 
     def per_layer(name, kind, default):
         if not built:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
-
 import keras
 import tensorflow as tf
 
@@ -127,46 +125,14 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     @no_automatic_dependency_tracking
     def build(self, var_list):
-        # One scale entry per variable (`_entries`): the state's size does not
-        # depend on which layers are instrumented when the optimizer is built.
         _scale_state.declare(self, len(var_list))
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
-
-    def _owners(self) -> list[tuple[object, int, str]]:
-        """`(owner, entry, name)` of every layer with a scale (empty before `build`)."""
-        if not self.built:
-            return []
-        owners = _entries.owners(self._trainable_variables)
-        names = _entries.names([owner.scale_path for owner, _ in owners])
-        return [(owner, entry, name) for (owner, entry), name in zip(owners, names)]
-
-    def _named_entries(self) -> tuple[list[str], list[int]]:
-        """The names of `layer_scales()` and the entry each is read from ("loss": 0)."""
-        owners = self._owners()
-        return ["loss", *(name for _, _, name in owners)], [0, *(e for _, e, _ in owners)]
-
-    def scale_vector(self) -> tf.Tensor:
-        """Every scale as one float32 vector: the loss's (entry 0), then each wrapped layer's."""
-        if not self.built:
-            return tf.constant([float(self.initial_scale)])
-        loss = tf.reshape(tf.convert_to_tensor(self.dynamic_scale), [1])
-        return tf.concat([loss, _scale_state.row(self, "scale")[1:]], axis=0)
 
     @property
     def skipped_steps(self) -> tf.Tensor:
         """Steps skipped so far (`iterations` counts the applied ones); after `build`."""
         return _scale_state.counter(self, "skipped_steps")
-
-    @property
-    def steps_since_measured(self) -> tf.Tensor:
-        """Finite steps since the last measuring or skipped step; after `build`."""
-        return _scale_state.counter(self, "steps_since_measured")
-
-    @property
-    def steps_until_measuring(self) -> tf.Tensor:
-        """Finite steps before the next one that measures (0: the next step does); after `build`."""
-        return _scale_state.counter(self, "steps_until_measuring")
 
     def layer_scales(self) -> dict[str, float]:
         """The current scales: `"loss"` and one per wrapped layer, by layer name.
@@ -179,8 +145,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """
         if not self.built:
             return {"loss": float(self.initial_scale)}
-        values = keras.ops.convert_to_numpy(self.scale_vector())
-        names, entries = self._named_entries()
+        values = keras.ops.convert_to_numpy(_scale_state.vector(self))
+        names, entries = _entries.named(self)
         return {name: float(values[entry]) for name, entry in zip(names, entries)}
 
     @tf.autograph.experimental.do_not_convert
@@ -195,33 +161,23 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             return super().scale_loss(loss)
         measuring = None
         if self.built and self.measure_every_n_steps > 1:
-            measuring = tf.equal(self.steps_until_measuring, 0)
+            measuring = tf.equal(_scale_state.counter(self, "steps_until_measuring"), 0)
+        owners = _entries.scaled(self)
         plan = _plan.make_plan(
             loss,
             _step_record.read(loss.graph).boundaries,
             self._trainable_variables if self.built else [],
-            self._owners(),
-            self.scale_vector(),
+            owners,
+            _scale_state.vector(self),
             self.built,
             measuring,
             count_zeros=bool(self.estimate_underflow),
         )
-        if self.built and not plan.boundaries() and not self._owners():
+        if self.built and not plan.boundaries() and not owners:
             _mistakes.warn_no_boundaries(self)
         _plan.connect(plan)
         _step_record.add_plan(self, plan)
-        self._planned_in = weakref.ref(plan.graph)
         return tf.cast(loss, tf.float32) * plan.scales[plan.loss_component]
-
-    def _current_plan(self):
-        """The plan `scale_loss` made in the step traced now, or None."""
-        return _step_record.read().plan_for(self) if tf.inside_function() else None
-
-    def _planned_elsewhere(self) -> bool:
-        """True if `scale_loss` last ran in another traced function than this one."""
-        planned_in = getattr(self, "_planned_in", None)
-        graph = planned_in() if planned_in is not None else None
-        return graph is not None and graph is not tf.compat.v1.get_default_graph()
 
     @tf.autograph.experimental.do_not_convert
     def unscale(self, grads, trainable_variables):
@@ -253,7 +209,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         >>> true_gradient(tf.constant([[1.0, 2.0]]))[0].numpy().ravel()
         array([1., 2.], dtype=float32)
         """
-        plan = self._current_plan()
+        plan = _step_record.plan_now(self)
         if plan is None:
             scale = self.dynamic_scale if self.built else self.initial_scale
             reciprocal = 1.0 / tf.cast(scale, tf.float32)
@@ -271,16 +227,10 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         layer's scale, and the scales for the next steps are chosen here;
         otherwise this is `keras.optimizers.LossScaleOptimizer.apply`.
         """
-        plan = self._current_plan()
-        if plan is None and tf.inside_function() and self._planned_elsewhere():
-            raise ValueError(
-                "apply() is traced in another tf.function than scale_loss(): the gradients "
-                "carry per-layer scales that only the function which called scale_loss() "
-                "knows. Call scale_loss, tape.gradient and apply in one traced function."
-            )
+        plan = _step_record.plan_now(self)
         if plan is None:
             if tf.inside_function():
-                _mistakes.warn_unscaled_apply(self)
+                _mistakes.unscaled_apply(self)
             return super().apply(grads, trainable_variables)
         if not self.built:
             _mistakes.build_in_step(self, trainable_variables)
