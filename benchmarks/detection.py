@@ -32,7 +32,7 @@ learning rate and step count per inner optimizer, chosen on float32 alone
 (`LEARNING_RATES`, `STEPS`). Methods: float32; mixed_float16 with no loss
 scaling; Keras's `LossScaleOptimizer`; global fixed scales 8, 128 and 256 (the
 paper's); keras_als max_safe and approx_range. Runs are custom XLA steps
-(`common.compiled_step`), not `model.fit`: `model.compile` would wrap the
+(`xla_step.compiled_step`), not `model.fit`: `model.compile` would wrap the
 no-scaling row's optimizer in a `LossScaleOptimizer` under mixed_float16.
 """
 
@@ -53,7 +53,7 @@ import tensorflow as tf
 from keras import layers, ops
 
 import keras_als
-from benchmarks import common
+from benchmarks.harness import isolation, scaling, stats, xla_step
 
 # ----------------------------------------------------------------------------- data
 
@@ -540,15 +540,15 @@ def mean_average_precision(
 # ----------------------------------------------------------------------------- methods
 
 
-METHODS: tuple[common.Method, ...] = (
-    common.FLOAT32,
-    common.NO_SCALING,
-    common.KERAS_LSO,
-    common.fixed(8.0),
-    common.fixed(128.0),
-    common.fixed(256.0),
-    common.ALS_MAX_SAFE,
-    common.ALS_APPROX,
+METHODS: tuple[scaling.Method, ...] = (
+    scaling.FLOAT32,
+    scaling.NO_SCALING,
+    scaling.KERAS_LSO,
+    scaling.fixed(8.0),
+    scaling.fixed(128.0),
+    scaling.fixed(256.0),
+    scaling.ALS_MAX_SAFE,
+    scaling.ALS_APPROX,
 )
 """Every method of the plan, in table order (the paper's fixed scales 8, 128, 256)."""
 QUICK_METHODS = ("float32", "mixed_no_scaling", "keras_lso", "als_max_safe")
@@ -658,9 +658,9 @@ class Run:
 
 def initial_weights(seed: int) -> list[np.ndarray]:
     """The float32 initial weights of seed `seed`, shared by every method."""
-    common.fresh_session()
-    common.set_seed(seed)
-    with common.precision("float32"):
+    isolation.fresh_session()
+    isolation.set_seed(seed)
+    with scaling.precision("float32"):
         return ssd_model().get_weights()
 
 
@@ -696,7 +696,7 @@ def _state(model, optimizer) -> list:
 
 
 def train_method(
-    method: common.Method,
+    method: scaling.Method,
     optimizer_name: str,
     learning_rate: float,
     seeds_and_weights: list[tuple[int, list[np.ndarray]]],
@@ -724,7 +724,7 @@ def train_method(
         held_out: The split evaluated: `"test"`, or `"validation"` for the sweep.
         checkpoints: Steps after which the mAP is also measured (`Run.map_at`).
     """
-    common.fresh_session()
+    isolation.fresh_session()
     train, data = split("train"), split(held_out)
     model, optimizer = method.build(
         ssd_model, seeds_and_weights[0][1], inner_optimizer(optimizer_name, learning_rate)
@@ -732,7 +732,7 @@ def train_method(
     optimizer.build(model.trainable_variables)
     state = _state(model, optimizer)
     initial = [keras.ops.convert_to_numpy(v) for v in state]
-    step = common.compiled_step(model, optimizer, multibox_loss)
+    step = xla_step.compiled_step(model, optimizer, multibox_loss)
     start = time.perf_counter()
     float(step(tf.constant(train.images[:batch]), tf.constant(train.targets[:batch])))
     compile_seconds = time.perf_counter() - start
@@ -763,7 +763,7 @@ def train_method(
             skipped = int(keras.ops.convert_to_numpy(optimizer.skipped_steps))
             scales = optimizer.layer_scales()
         elif isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            skipped = common.skipped_steps(optimizer, steps)
+            skipped = scaling.skipped_steps(optimizer, steps)
             scales = {"loss": float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))}
         else:
             skipped, scales = 0, {}
@@ -793,7 +793,7 @@ def train_method(
 
 
 def run_plan(
-    methods: tuple[common.Method, ...],
+    methods: tuple[scaling.Method, ...],
     optimizers: tuple[str, ...],
     seeds: tuple[int, ...],
     steps: int,
@@ -802,7 +802,7 @@ def run_plan(
     """Every optimizer x method, each in a fresh worker process, all seeds per task."""
     weights = [(seed, initial_weights(seed)) for seed in seeds]
     runs = []
-    with common.worker_pool() as pool:
+    with isolation.worker_pool() as pool:
         for name in optimizers:
             for method in methods:
                 found = pool.submit(
@@ -826,12 +826,12 @@ def sweep(steps: int = STEPS, seeds: tuple[int, ...] = SWEEP_SEEDS, log=print) -
     weights = [(seed, initial_weights(seed)) for seed in seeds]
     quarters = tuple(steps * k // 4 for k in (1, 2, 3))
     runs = []
-    with common.worker_pool() as pool:
+    with isolation.worker_pool() as pool:
         for name, rates in SWEEP.items():
             for rate in rates:
                 found = pool.submit(
                     train_method,
-                    common.FLOAT32,
+                    scaling.FLOAT32,
                     name,
                     rate,
                     weights,
@@ -862,7 +862,7 @@ def paired(
     paired by seed; NaN where a run has no finite mAP."""
     ours = {r.seed: r.map for r in runs if r.optimizer == optimizer and r.method == method}
     theirs = {r.seed: r.map for r in runs if r.optimizer == optimizer and r.method == reference}
-    return common.paired_by_seed(ours, theirs, scale=100.0)
+    return stats.paired_by_seed(ours, theirs, scale=100.0)
 
 
 def _pm(mean: float, error: float) -> str:

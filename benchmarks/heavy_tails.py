@@ -69,7 +69,8 @@ import keras
 import numpy as np
 
 import keras_als
-from benchmarks import common, zoo
+from benchmarks import zoo
+from benchmarks.harness import isolation, provenance, scaling, stats
 
 METHODS = ("float32", "mixed_no_scaling", "keras_lso", "keras_als")
 METHOD_LABELS = {
@@ -182,7 +183,7 @@ def teacher_mlp_data(setting: Setting) -> tuple[np.ndarray, ...]:
 def digits_data(setting: Setting) -> tuple[np.ndarray, ...]:
     """`(x, y, x_test, y_test, spiked)` for the digits setting: `spiked` training
     images carry a wrong label (a random other class) and weight `factor`."""
-    x, y, x_test, y_test = common.digits_data()
+    x, y, x_test, y_test = zoo.digits_data()
     rng = np.random.default_rng(setting.data_seed)
     spiked = np.zeros(len(x), bool)
     spiked[rng.choice(len(x), size=round(setting.rate * len(x)), replace=False)] = True
@@ -259,13 +260,13 @@ class _SkipRecorder(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
-        if common.skipped_steps(self.optimizer_, self.steps) > len(self.skipped_at):
+        if scaling.skipped_steps(self.optimizer_, self.steps) > len(self.skipped_at):
             self.skipped_at.append(self.steps - 1)
 
 
 def train(setting: Setting, method: str, seed: int) -> Run:
     """Trains `setting`'s model with `method` from seed `seed`; returns the run."""
-    common.fresh_session()
+    isolation.fresh_session()
     if setting.kind == "mlp":
         x, y, x_test, y_test, spiked = teacher_mlp_data(setting)
         loss, weights_of = "mse", None
@@ -284,10 +285,10 @@ def train(setting: Setting, method: str, seed: int) -> Run:
     per_batch = spiked.reshape(-1, setting.batch).any(axis=1)
     spike_steps = np.tile(per_batch, setting.epochs)
 
-    common.set_seed(seed)
-    with common.precision("float32"):
+    isolation.set_seed(seed)
+    with scaling.precision("float32"):
         weights = builder().get_weights()
-    with common.precision("float32" if method == "float32" else "mixed_float16"):
+    with scaling.precision("float32" if method == "float32" else "mixed_float16"):
         model = builder()
         model.set_weights(weights)
         if method == "keras_als":
@@ -296,10 +297,10 @@ def train(setting: Setting, method: str, seed: int) -> Run:
     # auto_scale_loss=False: else compile wraps the plain Adam of mixed_no_scaling
     # in a LossScaleOptimizer (the other methods pass one already).
     model.compile(optimizer=optimizer, loss=loss, jit_compile=True, auto_scale_loss=False)
-    scaling = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-    assert scaling == (method in ("keras_lso", "keras_als")), (method, model.optimizer)
+    loss_scaled = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert loss_scaled == (method in ("keras_lso", "keras_als")), (method, model.optimizer)
     recorder = _SkipRecorder(optimizer)
-    common.set_seed(seed)
+    isolation.set_seed(seed)
     start = time.perf_counter()
     model.fit(
         x,
@@ -332,7 +333,7 @@ def train(setting: Setting, method: str, seed: int) -> Run:
         seed,
         outcome,
         recorder.steps,
-        common.skipped_steps(optimizer, recorder.steps),
+        scaling.skipped_steps(optimizer, recorder.steps),
         skipped_steps,
         recorder.skipped_at,
         int(spike_steps.sum()),
@@ -356,7 +357,7 @@ def paired(runs: list[Run], setting: str) -> tuple[float, float, int]:
     scale = 1.0 if _setting(setting).outcome == "loss" else 100.0
     ours = {r.seed: r.outcome for r in runs if r.setting == setting and r.method == OURS}
     theirs = {r.seed: r.outcome for r in runs if r.setting == setting and r.method == BASELINE}
-    return common.paired_by_seed(ours, theirs, scale)
+    return stats.paired_by_seed(ours, theirs, scale)
 
 
 @dataclasses.dataclass
@@ -543,7 +544,7 @@ def markdown(results: dict) -> str:
 def run(settings, seeds, log=print) -> list[Run]:
     """Every setting x seed x method, one run at a time in a worker process."""
     runs = []
-    with common.worker_pool() as pool:
+    with isolation.worker_pool() as pool:
         for setting in settings:
             for seed in seeds:
                 for method in METHODS:
@@ -582,8 +583,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown settings {sorted(unknown)}; known: {sorted(_KNOWN)}")
         settings = tuple(_KNOWN[n] for n in args.settings.split(","))
     seeds = QUICK_SEEDS if args.quick else SEEDS
-    from benchmarks.run import _environment, _provenance
-
     start, load = time.perf_counter(), os.getloadavg()[0]
     runs = run(settings, seeds)
     verdicts = [judge(runs, s.name) for s in settings]
@@ -593,8 +592,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python -m benchmarks.heavy_tails", *(argv or sys.argv[1:])]),
         "seconds": time.perf_counter() - start,
         "load_average": (load, os.getloadavg()[0]),
-        "environment": _environment(),
-        "provenance": _provenance(),
+        "environment": provenance.environment(),
+        "provenance": provenance.code(),
         "settings": list(settings),
         "seeds": list(seeds),
         "runs": runs,

@@ -66,7 +66,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_als  # noqa: E402
-from benchmarks import common  # noqa: E402
+from benchmarks.harness import isolation, scaling, stats  # noqa: E402
 
 EXPONENTS = (0, 6, 9, 10, 11, 12)
 """Target magnitudes `10**exponent` of the value loss (fixed before measuring)."""
@@ -176,16 +176,16 @@ def train(
 ) -> Run:
     """One training run (`EPOCHS` unless given); returns its outcome and mechanism numbers."""
     epochs = EPOCHS if epochs is None else epochs
-    common.fresh_session()
+    isolation.fresh_session()
     x, y, value, x_test, y_test, value_test = data(exponent)
     keras.config.set_dtype_policy("float32")
-    common.set_seed(seed)
+    isolation.set_seed(seed)
     weights = two_heads(float16_heads).get_weights()
     order = np.random.default_rng(seed).permutation(len(x))
     x, y, value = x[order], y[order], value[order]
     keras.config.set_dtype_policy("float32" if method == "float32" else "mixed_float16")
     try:
-        common.set_seed(seed)
+        isolation.set_seed(seed)
         model = two_heads(float16_heads)
         model.set_weights(weights)
         optimizer = keras.optimizers.Adam(LEARNING_RATE)
@@ -222,7 +222,7 @@ def train(
         skipped = (
             0
             if method in ("float32", "mixed_no_scaling")
-            else common.skipped_steps(optimizer, steps)
+            else scaling.skipped_steps(optimizer, steps)
         )
         if method.startswith("keras_als"):
             scales = {n: s for n, s in optimizer.layer_scales().items() if n in BRANCH}
@@ -257,7 +257,7 @@ def paired(runs: list[Run], exponent: float, method: str, against: str) -> tuple
     """Accuracy of `method` minus `against`, in points, paired by seed: (mean, s.e.)."""
     ours = {r.seed: r.accuracy for r in runs if r.exponent == exponent and r.method == method}
     theirs = {r.seed: r.accuracy for r in runs if r.exponent == exponent and r.method == against}
-    return common.paired_by_seed(ours, theirs, scale=100.0)[:2]
+    return stats.paired_by_seed(ours, theirs, scale=100.0)[:2]
 
 
 def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
@@ -399,7 +399,7 @@ def main_per_output(seeds) -> int:
     runs = []
     for seed in seeds:
         for method in PER_OUTPUT_METHODS:
-            run = common.in_fresh_process(train, PER_OUTPUT_EXPONENT, method, seed, None, True)
+            run = isolation.in_fresh_process(train, PER_OUTPUT_EXPONENT, method, seed, None, True)
             runs.append(run)
             print(
                 f"float16 heads seed {seed} {method:21s} accuracy {100 * run.accuracy:5.1f}%"
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     for exponent in exponents:
         for seed in seeds:
             for method in METHODS:
-                run = common.in_fresh_process(train, exponent, method, seed)
+                run = isolation.in_fresh_process(train, exponent, method, seed)
                 runs.append(run)
                 print(
                     f"10^{exponent} seed {seed} {method:17s} accuracy {100 * run.accuracy:5.1f}%"

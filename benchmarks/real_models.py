@@ -51,7 +51,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_als  # noqa: E402
-from benchmarks import common, memory  # noqa: E402
+from benchmarks import memory  # noqa: E402
+from benchmarks.harness import isolation, stats  # noqa: E402
 
 BATCH = 8
 STEP_TARGET = 1.03
@@ -297,7 +298,7 @@ def step_times(name: str, rounds: int = 100, seed: int = 0, instances: int = INS
     built = {}
     discard_first_build(name, x, y, seed)
     for k in range(instances):
-        for method in common.in_build_order(("keras", "keras_als"), k):
+        for method in isolation.in_build_order(("keras", "keras_als"), k):
             built[method, k] = warmed_up(name, x, y, seed, method=method)
     median = _interleaved_medians(built, x, y, rounds)
     each = {m: [median[m, k] for k in range(instances)] for m in ("keras", "keras_als")}
@@ -328,7 +329,7 @@ def discard_first_build(name: str, x, y, seed: int = 0) -> None:
     instances in one process: the first 1.000, the others 1.02-1.08 of it,
     `python -m benchmarks.real_models --parts build_order`). Timed first, it
     favored the method built first: Keras's, in every step-time run before
-    this was found; `common.in_build_order` alternates the rest.
+    this was found; `isolation.in_build_order` alternates the rest.
     """
     warmed_up(name, x, y, seed, method="keras")
 
@@ -371,7 +372,7 @@ def step_times_in_processes(name: str, processes: int, instances: int = INSTANCE
 def ratio_over_processes(ratios: list[float]) -> tuple[float, float]:
     """Geometric mean of `ratios` (one per process) and its standard error,
     `mean * stdev(log ratios) / sqrt(n)` (first order; NaN with one ratio)."""
-    mean_log, error = common.mean_and_standard_error([math.log(r) for r in ratios])
+    mean_log, error = stats.mean_and_standard_error([math.log(r) for r in ratios])
     return math.exp(mean_log), math.exp(mean_log) * error
 
 
@@ -385,7 +386,7 @@ def ratio_and_standard_error(ours: list[float], theirs: list[float]) -> tuple[fl
     two instances in a group.
     """
     (log_ours, error_ours), (log_theirs, error_theirs) = (
-        common.mean_and_standard_error([math.log(v) for v in values]) for values in (ours, theirs)
+        stats.mean_and_standard_error([math.log(v) for v in values]) for values in (ours, theirs)
     )
     ratio = math.exp(log_ours - log_theirs)
     return ratio, ratio * math.hypot(error_ours, error_theirs)
@@ -511,7 +512,7 @@ def step_breakdown(
     built, optimizers = {}, {}
     discard_first_build(name, x, y, seed)
     for k in range(instances):
-        for variant in common.in_build_order(tuple(variants), k):
+        for variant in isolation.in_build_order(tuple(variants), k):
             keras_optimizer = variant in (
                 "keras",
                 "keras_again",

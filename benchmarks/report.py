@@ -10,10 +10,10 @@ import dataclasses
 import math
 import statistics
 
-from benchmarks import common
 from benchmarks.convergence import Run
 from benchmarks.cost import Timing, growth_exponent
 from benchmarks.fidelity import Measurement
+from benchmarks.harness import stats
 from benchmarks.memory import Memory
 
 OURS = "als_max_safe"
@@ -113,7 +113,7 @@ def paired_difference(runs: list[Run], task: str, method: str) -> tuple[float, f
     """
     mine = {r.seed: r.accuracy for r in runs if r.task == task and r.method == method}
     theirs = {r.seed: r.accuracy for r in runs if r.task == task and r.method == BASELINE}
-    return common.paired_by_seed(mine, theirs, scale=100.0)
+    return stats.paired_by_seed(mine, theirs, scale=100.0)
 
 
 def target_accuracy(runs: list[Run]) -> Target:

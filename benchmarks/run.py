@@ -25,7 +25,6 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import (
-    common,  # noqa: I001  (sets TF_CPP_MIN_LOG_LEVEL first)
     convergence,
     cost,
     fidelity,
@@ -34,6 +33,7 @@ from benchmarks import (
     report,
     zoo,
 )
+from benchmarks.harness import isolation, scaling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Budget:
     """How much the suite measures."""
 
     cases: tuple[str, ...] | None  # fidelity cases, None for all
-    methods: tuple[common.Method, ...]
+    methods: tuple[scaling.Method, ...]
     fidelity_steps: int
     seeds: tuple[int, ...]
     more_seeds: dict[str, tuple[int, ...]]  # per task, more seeds for TARGET_METHODS
@@ -57,7 +57,7 @@ class Budget:
 
 FULL = Budget(
     cases=None,
-    methods=common.ALL_METHODS,
+    methods=scaling.ALL_METHODS,
     fidelity_steps=200,
     seeds=(0, 1, 2),
     more_seeds=convergence.MORE_SEEDS,
@@ -78,7 +78,7 @@ FULL = Budget(
 )
 QUICK = Budget(
     cases=("deep_mlp", "deep_sigmoid"),
-    methods=(common.FLOAT32, common.KERAS_LSO, common.ALS_MAX_SAFE),
+    methods=(scaling.FLOAT32, scaling.KERAS_LSO, scaling.ALS_MAX_SAFE),
     fidelity_steps=20,
     seeds=(0,),
     more_seeds={},
@@ -106,7 +106,7 @@ def run(budget: Budget, quick: bool) -> dict:
     methods = list(budget.methods)
     # Fidelity cases and training runs in a worker process (renewed every 20
     # tasks), so that nothing they compiled stays in this one.
-    with common.worker_pool() as pool:
+    with isolation.worker_pool() as pool:
         _log("== Gradient fidelity (per layer, vs float32, same weights and batch)")
         measurements = []
         for case in cases:
@@ -241,7 +241,7 @@ def markdown(
     """RESULTS.md from the results and targets, and the separate benchmarks' sections."""
     when = results.get("date") or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     seconds = results["seconds"]
-    methods = {m.name: m for m in common.ALL_METHODS + cost.BREAKDOWN}
+    methods = {m.name: m for m in scaling.ALL_METHODS + cost.BREAKDOWN}
     used = dict.fromkeys(m.method for m in results["measurements"])
     cases = "\n".join(f"- `{c.name}`: {c.description}" for c in results["cases"])
     lines = [

@@ -46,7 +46,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
-from benchmarks import common, real_models  # noqa: E402
+from benchmarks import real_models  # noqa: E402
+from benchmarks.harness import isolation  # noqa: E402
 
 VARIANTS = {
     "keras": {"method": "keras"},
@@ -76,7 +77,7 @@ def profile(name: str, rounds: int = 40, instances: int = 2, seed: int = 0) -> d
     models = {}
     real_models.discard_first_build(name, x, y, seed)
     for k in range(instances):
-        for variant in common.in_build_order(tuple(VARIANTS), k):
+        for variant in isolation.in_build_order(tuple(VARIANTS), k):
             models[f"{variant}/{k}"] = real_models.warmed_up(name, x, y, seed, **VARIANTS[variant])
     order = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="keras_als_profile_") as logdir:

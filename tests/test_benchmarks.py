@@ -149,10 +149,10 @@ def test_error_and_underflow_definitions():
 def test_the_worker_pool_renews_its_worker_and_does_not_hang(monkeypatch):
     import os
 
-    from benchmarks import common
+    from benchmarks.harness import isolation
 
-    monkeypatch.setattr(common, "TASKS_PER_PROCESS", 2)
-    with common.worker_pool() as pool:
+    monkeypatch.setattr(isolation, "TASKS_PER_PROCESS", 2)
+    with isolation.worker_pool() as pool:
         workers = [pool.submit(os.getpid).result(timeout=120) for _ in range(5)]
     assert len(set(workers)) == 3  # tasks 1-2, 3-4, 5
 
@@ -471,10 +471,10 @@ def test_the_step_profile_compares_each_variant_with_keras_over_instances():
 
 
 def test_instance_groups_alternate_which_method_is_built_first():
-    from benchmarks import common
+    from benchmarks.harness import isolation
 
     methods = ("keras", "keras_als", "wrapper_only")
-    orders = [common.in_build_order(methods, k) for k in range(4)]
+    orders = [isolation.in_build_order(methods, k) for k in range(4)]
     assert orders == [methods, methods[::-1], methods, methods[::-1]]
     firsts = [order[0] for order in orders]
     assert firsts.count("keras") == firsts.count("wrapper_only") == 2
