@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from benchmarks import report
 from benchmarks.convergence import Run
 from benchmarks.cost import Timing, growth_exponent
 from benchmarks.fidelity import Measurement, compare, overall
 from benchmarks.memory import Memory
+from benchmarks.suite import tables, targets
 
 
 def _measurement(case, method, error, underflow, phase="init"):
@@ -23,14 +23,14 @@ def test_fidelity_target_needs_lower_error_everywhere_and_a_tenth_of_the_underfl
         _measurement("sigmoid", "keras_lso", 0.8, 0.4),
         _measurement("sigmoid", "als_max_safe", 2e-3, 0.01),
     ]
-    assert report.target_fidelity(good, hard={"sigmoid"}).passed
+    assert targets.target_fidelity(good, hard={"sigmoid"}).passed
     worse_error = good[:3] + [_measurement("sigmoid", "als_max_safe", 0.9, 0.0)]
-    target = report.target_fidelity(worse_error, hard={"sigmoid"})
+    target = targets.target_fidelity(worse_error, hard={"sigmoid"})
     assert not target.passed and "sigmoid/init: error" in target.line()
     too_much_underflow = good[:3] + [_measurement("sigmoid", "als_max_safe", 2e-3, 0.05)]
-    assert not report.target_fidelity(too_much_underflow, hard={"sigmoid"}).passed
+    assert not targets.target_fidelity(too_much_underflow, hard={"sigmoid"}).passed
     # Not a hard case: underflow is not judged.
-    assert report.target_fidelity(too_much_underflow, hard=set()).passed
+    assert targets.target_fidelity(too_much_underflow, hard=set()).passed
 
 
 def _run(task, method, seed, accuracy, skipped_after_100=0):
@@ -47,14 +47,14 @@ def test_accuracy_target_uses_the_mean_over_seeds():
         }.items()
         for s, a in enumerate(accs)
     ]
-    assert report.target_accuracy(runs).passed  # 95.60 vs 96.00 and 95.50
+    assert targets.target_accuracy(runs).passed  # 95.60 vs 96.00 and 95.50
     low = [r for r in runs if r.method != "als_max_safe"] + [
         _run("digits", "als_max_safe", s, 0.953) for s in range(3)
     ]
-    target = report.target_accuracy(low)
+    target = targets.target_accuracy(low)
     assert not target.passed
     assert "-0.70 points vs float32" in target.line() and "vs Keras LSO" in target.line()
-    mean, spread, seeds = report.accuracy_summary(runs)[("digits", "float32")]
+    mean, spread, seeds = targets.accuracy_summary(runs)[("digits", "float32")]
     assert (round(mean, 6), round(spread, 6), seeds) == (96.0, 1.0, 3)
 
 
@@ -73,12 +73,12 @@ def _paired_runs(differences):
 
 def test_a_shortfall_within_two_standard_errors_over_five_seeds_is_a_tie():
     # Paired differences -0.3, +0.2, -0.2, +0.1, 0.0 points: mean -0.04, s.e. 0.09.
-    tie = report.target_accuracy(_paired_runs([-0.003, 0.002, -0.002, 0.001, 0.0]))
+    tie = targets.target_accuracy(_paired_runs([-0.003, 0.002, -0.002, 0.001, 0.0]))
     assert tie.passed, tie.line()
     assert "tied with Keras LSO within seed noise (paired -0.04 ± 0.09 s.e. over 5 seeds)" in (
         tie.line()
     )
-    mean, error, seeds = report.paired_difference(
+    mean, error, seeds = targets.paired_difference(
         _paired_runs([-0.003, 0.002, -0.002, 0.001, 0.0]), "mnist", "als_max_safe"
     )
     # Deviations from the mean: -0.26, 0.24, -0.16, 0.14, 0.04; their squares sum to 0.172.
@@ -87,19 +87,19 @@ def test_a_shortfall_within_two_standard_errors_over_five_seeds_is_a_tie():
 
 def test_a_consistent_shortfall_or_too_few_seeds_is_below_keras_lso():
     # -0.2 points on every seed: the standard error is 0, so it is not noise.
-    below = report.target_accuracy(_paired_runs([-0.002] * 5))
+    below = targets.target_accuracy(_paired_runs([-0.002] * 5))
     assert not below.passed
     assert "-0.20 points vs Keras LSO (paired -0.20 ± 0.00 s.e. over 5 seeds)" in below.line()
-    few = report.target_accuracy(_paired_runs([-0.003, 0.002, -0.002, 0.001]))
+    few = targets.target_accuracy(_paired_runs([-0.003, 0.002, -0.002, 0.001]))
     assert not few.passed  # 4 seeds are too few to call a shortfall a tie
 
 
 def test_skipped_steps_are_counted_per_1000_after_the_first_100():
     runs = [_run("digits", "als_max_safe", s, 0.9, skipped_after_100=1) for s in range(2)]
-    assert report.skipped_per_1000(runs, "digits", "als_max_safe") == 1.0  # 2 in 2 x 1000
-    assert report.target_skipped(runs).passed
+    assert targets.skipped_per_1000(runs, "digits", "als_max_safe") == 1.0  # 2 in 2 x 1000
+    assert targets.target_skipped(runs).passed
     runs.append(_run("digits", "als_max_safe", 2, 0.9, skipped_after_100=3))
-    assert not report.target_skipped(runs).passed
+    assert not targets.target_skipped(runs).passed
 
 
 def _timing(layers, als, lso, model="mlp"):
@@ -109,17 +109,17 @@ def _timing(layers, als, lso, model="mlp"):
 def test_step_time_target_checks_the_ratio_and_linear_growth():
     sweep = [_timing(10, 1.1, 1.0), _timing(50, 5.5, 5.0), _timing(200, 22.0, 20.0)]
     assert math.isclose(growth_exponent(sweep), 1.0)  # overhead 0.1, 0.5, 2.0 ms
-    assert report.target_step_time([_timing(5, 1.05, 1.0, "cnn")], sweep).passed
-    assert not report.target_step_time([_timing(5, 1.2, 1.0, "cnn")], sweep).passed
+    assert targets.target_step_time([_timing(5, 1.05, 1.0, "cnn")], sweep).passed
+    assert not targets.target_step_time([_timing(5, 1.2, 1.0, "cnn")], sweep).passed
     quadratic = [_timing(10, 1.1, 1.0), _timing(50, 7.5, 5.0), _timing(200, 60.0, 20.0)]
     assert math.isclose(growth_exponent(quadratic), 2.0)  # overhead 0.1, 2.5, 40 ms
-    assert not report.target_step_time([], quadratic).passed
+    assert not targets.target_step_time([], quadratic).passed
     flat_then_up = [_timing(10, 0.81, 0.74), _timing(50, 3.91, 3.81), _timing(200, 31.8, 31.3)]
     assert growth_exponent(flat_then_up) < 1.0  # the full run of 2026-11-22: per layer 7, 2, 2.5 µs
-    assert report.target_step_time([], flat_then_up).passed
+    assert targets.target_step_time([], flat_then_up).passed
     noisy = sweep[:2] + [_timing(200, 19.9, 20.0)]  # no measurable overhead
     assert math.isnan(growth_exponent(noisy))
-    assert report.target_step_time([], noisy).passed
+    assert targets.target_step_time([], noisy).passed
 
 
 def test_memory_target_uses_the_compiled_step_memory():
@@ -127,10 +127,10 @@ def test_memory_target_uses_the_compiled_step_memory():
         Memory("cnn", "keras_lso", 1000, 900.0, 200.0),
         Memory("cnn", "als_max_safe", 1040, 990.0, 250.0),
     ]
-    target = report.target_memory(memory)
+    target = targets.target_memory(memory)
     assert target.passed and "step 1.040x" in target.line() and "RSS 1.100x" in target.line()
     memory[1] = Memory("cnn", "als_max_safe", 1100, 900.0, 200.0)
-    assert not report.target_memory(memory).passed
+    assert not targets.target_memory(memory).passed
 
 
 def test_error_and_underflow_definitions():
@@ -506,6 +506,6 @@ def test_the_memory_table_gives_the_live_at_peak_ratio_where_it_was_read():
         Memory("mlp", "keras_lso", 1000, 900.0, 200.0),
         Memory("mlp", "als_max_safe", 1000, 900.0, 200.0),
     ]
-    table = report.memory_table(rows).splitlines()
+    table = tables.memory_table(rows).splitlines()
     assert "| cnn | 0.001 | 0.001 | 1.100 | 1.050 |" in table[2]
     assert "| 1.000 | not read |" in table[3]
