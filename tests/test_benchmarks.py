@@ -174,16 +174,16 @@ def _real_model_row(als_after_50, step_ratio=1.02, breakdown=None):
 
 
 def test_breakdown_with_several_instances_gives_each_ratio_its_standard_error():
-    from benchmarks import real_models
+    from benchmarks.real_models import report
 
     row = _real_model_row(1, breakdown={"keras": 4.0, "keras_als": 4.1})
     row["breakdown_se"], row["breakdown_instances"] = {"keras": 0.0, "keras_als": 0.0125}, 3
-    text = real_models.markdown({"batch": 8, "models": {"m": row}})
+    text = report.markdown({"batch": 8, "models": {"m": row}})
     assert "| m | 4.00 (1.000x ± 0.000), 3 instances each | - | 4.10 (1.025x ± 0.013) |" in text
 
 
 def test_a_breakdown_over_processes_takes_each_ratio_from_the_processes_ratios(monkeypatch):
-    from benchmarks import real_models
+    from benchmarks.real_models import breakdown, probes, report
 
     ms = [{"keras": 4.0, "keras_als": 4.0}, {"keras": 2.0, "keras_als": 2.42}]
     runs = iter({"ms": each} for each in ms)
@@ -193,8 +193,8 @@ def test_a_breakdown_over_processes_takes_each_ratio_from_the_processes_ratios(m
         asked.append((kind, name, method, jit))
         return next(runs)
 
-    monkeypatch.setattr(real_models, "_run_probe", probe)
-    result = real_models.step_breakdown_in_processes("m", 2, 3, ("keras", "keras_als"))
+    monkeypatch.setattr(probes, "run_probe", probe)
+    result = breakdown.step_breakdown_in_processes("m", 2, 3, ("keras", "keras_als"))
     assert asked == [("breakdown", "m", "3:keras,keras_als", True)] * 2
     # Process ratios 1.0 and 1.21: geometric mean 1.1, log spread |log 1.21| / sqrt 2.
     assert result["process_ratios"]["keras_als"] == pytest.approx([1.0, 1.21])
@@ -205,29 +205,29 @@ def test_a_breakdown_over_processes_takes_each_ratio_from_the_processes_ratios(m
     row = _real_model_row(1, breakdown=result["ms"])
     row["breakdown_se"], row["breakdown_instances"] = result["ratio_se"], 3
     row["breakdown_processes"] = 2
-    text = real_models.markdown({"batch": 8, "models": {"m": row}})
+    text = report.markdown({"batch": 8, "models": {"m": row}})
     assert "(1.000x ± 0.000), 2 processes x 3 instances each | - | " in text
     assert f"(1.100x ± {error:.3f}) |" in text
 
 
 def test_real_model_targets_allow_one_skip_per_1000_steps_after_the_first_50():
-    from benchmarks import real_models
+    from benchmarks.real_models import report
 
-    assert all(real_models.verdicts(_real_model_row(1)).values())
-    missed = real_models.verdicts(_real_model_row(2, step_ratio=1.04))
+    assert all(report.verdicts(_real_model_row(1)).values())
+    missed = report.verdicts(_real_model_row(2, step_ratio=1.04))
     assert [k for k, ok in missed.items() if not ok] == ["skips_after_50", "step_time"]
 
 
 def test_a_row_with_the_step_time_alone_is_judged_on_it_alone():
-    from benchmarks import real_models
+    from benchmarks.real_models import report
 
     row = {"step_ratio": 1.01, "step_ratio_se": 0.015}
-    assert real_models.verdicts(row) == {"step_time": True}
-    assert real_models.missed(row) == ["step_time at the line"]
+    assert report.verdicts(row) == {"step_time": True}
+    assert report.missed(row) == ["step_time at the line"]
 
 
 def test_real_model_table_gives_each_ablation_as_ms_and_a_ratio_to_keras():
-    from benchmarks import real_models
+    from benchmarks.real_models import report
 
     ms = {
         "keras": 5.0,
@@ -237,7 +237,7 @@ def test_real_model_table_gives_each_ablation_as_ms_and_a_ratio_to_keras():
         "no_boundary_multiplies": 5.3,
         "wrapper_only": 5.2,
     }
-    text = real_models.markdown({"batch": 8, "models": {"m": _real_model_row(1, breakdown=ms)}})
+    text = report.markdown({"batch": 8, "models": {"m": _real_model_row(1, breakdown=ms)}})
     assert (
         "| m | 5.00 (1.000x) | - | 6.00 (1.200x) | - | 5.50 (1.100x) | 5.10 (1.020x) "
         "| 5.30 (1.060x) | - | 5.20 (1.040x) |" in text
@@ -246,58 +246,58 @@ def test_real_model_table_gives_each_ablation_as_ms_and_a_ratio_to_keras():
 
 
 def test_real_model_step_ratio_is_a_ratio_of_geometric_means_with_a_standard_error():
-    from benchmarks import real_models
+    from benchmarks.real_models import timing
 
-    ratio, standard_error = real_models.ratio_and_standard_error([2.0, 8.0], [1.0, 4.0])
+    ratio, standard_error = timing.ratio_and_standard_error([2.0, 8.0], [1.0, 4.0])
     # Geometric means 4 and 2; log spreads: var(log [2, 8]) = var(log [1, 4]) = 2 (log 2)^2.
     assert ratio == pytest.approx(2.0, rel=1e-12)
     assert standard_error == pytest.approx(2.0 * math.sqrt(2 * math.log(2) ** 2), rel=1e-12)
-    same, none = real_models.ratio_and_standard_error([1.1, 1.1, 1.1], [1.0, 1.0])
+    same, none = timing.ratio_and_standard_error([1.1, 1.1, 1.1], [1.0, 1.0])
     assert same == pytest.approx(1.1, rel=1e-12) and none == 0.0
-    assert math.isnan(real_models.ratio_and_standard_error([1.0], [1.0, 2.0])[1])
+    assert math.isnan(timing.ratio_and_standard_error([1.0], [1.0, 2.0])[1])
 
 
 def test_real_model_table_gives_the_step_ratio_with_its_error_and_the_keras_spread():
-    from benchmarks import real_models
+    from benchmarks.real_models import report
 
     row = _real_model_row(1, step_ratio=1.04)
     row.update(step_ratio_se=0.012, keras_spread=1.031)
-    text = real_models.markdown({"batch": 8, "models": {"m": row}})
+    text = report.markdown({"batch": 8, "models": {"m": row}})
     assert "| 1.040x ± 0.012 (1.03x) |" in text
     assert text.rstrip().endswith("| step_time |")
     row["step_instances"] = 6
-    assert "| 1.040x ± 0.012 (1.03x), 6 instances |" in real_models.markdown(
+    assert "| 1.040x ± 0.012 (1.03x), 6 instances |" in report.markdown(
         {"batch": 8, "models": {"m": row}}
     )
     row["step_processes"] = 5
-    assert "| 1.040x ± 0.012 (1.03x), 5 processes x 6 instances |" in real_models.markdown(
+    assert "| 1.040x ± 0.012 (1.03x), 5 processes x 6 instances |" in report.markdown(
         {"batch": 8, "models": {"m": row}}
     )
 
 
 def test_step_time_over_processes_is_the_geometric_mean_with_the_error_of_their_spread():
-    from benchmarks import real_models
+    from benchmarks.real_models import timing
 
     # log ratios 0 and log 1.21: mean log 1.1, stdev log(1.21) / sqrt(2), s.e. half log(1.21)
-    ratio, error = real_models.ratio_over_processes([1.0, 1.21])
+    ratio, error = timing.ratio_over_processes([1.0, 1.21])
     assert ratio == pytest.approx(1.1, rel=1e-12)
     assert error == pytest.approx(1.1 * math.log(1.21) / 2, rel=1e-12)
-    ratio, error = real_models.ratio_over_processes([1.03, 1.03, 1.03])
+    ratio, error = timing.ratio_over_processes([1.03, 1.03, 1.03])
     assert (ratio, error) == (pytest.approx(1.03, rel=1e-12), pytest.approx(0.0, abs=1e-12))
-    assert math.isnan(real_models.ratio_over_processes([1.02])[1])
+    assert math.isnan(timing.ratio_over_processes([1.02])[1])
 
 
 def test_a_step_ratio_below_the_target_by_less_than_two_standard_errors_is_at_the_line():
-    from benchmarks import real_models
+    from benchmarks.real_models import report
 
     row = _real_model_row(1, step_ratio=1.025)
-    assert real_models.missed({**row, "step_ratio_se": 0.003}) == ["step_time at the line"]
-    assert real_models.missed({**row, "step_ratio_se": 0.002}) == []
-    assert real_models.missed({**row, "step_ratio": 1.04, "step_ratio_se": 0.1}) == ["step_time"]
+    assert report.missed({**row, "step_ratio_se": 0.003}) == ["step_time at the line"]
+    assert report.missed({**row, "step_ratio_se": 0.002}) == []
+    assert report.missed({**row, "step_ratio": 1.04, "step_ratio_se": 0.1}) == ["step_time"]
 
 
 def test_models_measured_for_skipped_steps_alone_get_a_table_of_their_own():
-    from benchmarks import real_models
+    from benchmarks.real_models import report
 
     skips_only = {
         "steps": 1050,
@@ -305,7 +305,7 @@ def test_models_measured_for_skipped_steps_alone_get_a_table_of_their_own():
         "keras_als": {"first_50": 5, "after_50": 2},
     }
     results = {"batch": 8, "models": {"m": _real_model_row(1), "convnext_tiny": skips_only}}
-    text = real_models.markdown(results)
+    text = report.markdown(results)
     main_table, other_table = text.split("Skipped steps (`--parts skips`)")
     assert "| m | 1050 | 6 / 3 |" in main_table and "convnext_tiny" not in main_table
     assert "| convnext_tiny | 1050 | 4 / 5 | 0 / 2 | - | - | skips_first_50, skips_after_50 |" in (
@@ -313,34 +313,34 @@ def test_models_measured_for_skipped_steps_alone_get_a_table_of_their_own():
     )
     skips_only["keras_als"]["measured_steps"] = 91
     skips_only.update(step_ratio=1.02, step_ratio_se=0.001, keras_spread=1.03)
-    other_table = real_models.markdown(results).split("Skipped steps (`--parts skips`)")[1]
+    other_table = report.markdown(results).split("Skipped steps (`--parts skips`)")[1]
     assert "| 0 / 2 | 91 steps | 1.020x ± 0.001 (1.03x) | skips_first_50, skips_after_50 |" in (
         other_table
     )
 
 
 def test_an_unknown_real_model_name_is_an_error_that_lists_the_known_ones():
-    from benchmarks import real_models
+    from benchmarks.real_models import architectures
 
-    assert real_models.builder("convnext_tiny") is real_models.OTHER_FAMILIES["convnext_tiny"]
+    assert architectures.builder("convnext_tiny") is architectures.OTHER_FAMILIES["convnext_tiny"]
     with pytest.raises(ValueError, match="Unknown model 'resnet18'.*gpt2_tiny.*gemma_tiny"):
-        real_models.builder("resnet18")
+        architectures.builder("resnet18")
 
 
 def test_measuring_one_methods_skips_keeps_the_others_row_or_says_there_is_none(tmp_path):
-    from benchmarks import real_models
+    from benchmarks.real_models import command
 
     out = str(tmp_path / "real_models")
     with pytest.raises(ValueError, match="--methods takes keras, keras_als or both"):
-        real_models.main(["--parts", "skips", "--methods", "als", "--out", out])
+        command.main(["--parts", "skips", "--methods", "als", "--out", out])
     with pytest.raises(ValueError, match="no row of keras with 3 steps to keep"):
-        real_models.main(
+        command.main(
             ["--parts", "skips", "--methods", "keras_als", "--steps", "3", "--out", out]
         )
 
 
 def test_the_kernels_of_a_compiled_step_are_its_entry_instructions_that_run_work():
-    from benchmarks import real_models
+    from benchmarks.real_models import programs
 
     hlo = """HloModule step
 
@@ -360,7 +360,7 @@ ENTRY %main (a: f32[4], b: f32[4,4]) -> (f32[4], f32[4]) {
   ROOT %tuple = (f32[4]{0}, f32[4]{0}) tuple(f32[4]{0} %fusion, f32[4]{0} %copy)
 }
 """
-    assert real_models.kernels_of(hlo) == 3  # the fusion, the dot and the copy
+    assert programs.kernels_of(hlo) == 3  # the fusion, the dot and the copy
 
 
 def test_the_wrap_sweep_builds_tiny_backbones_and_says_what_a_constructor_lacks():
