@@ -7,6 +7,8 @@ from benchmarks.real_models.timing import INSTANCES
 
 STEP_TARGET = 1.03
 """Issue 12's step time target: keras_als at most this times Keras's."""
+
+
 def verdicts(row: dict) -> dict:
     """PASS/FAIL per target for one model's row (targets not yet measured are left out)."""
     verdict = {}

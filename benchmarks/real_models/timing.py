@@ -15,6 +15,8 @@ from benchmarks.real_models.architectures import build, data
 
 INSTANCES = 3
 """Compiled instances per optimizer that the step time is measured on, by default."""
+
+
 def step_times(name: str, rounds: int = 100, seed: int = 0, instances: int = INSTANCES) -> dict:
     """Step time of keras_als over Keras's, from `instances` compiled instances of each.
 
