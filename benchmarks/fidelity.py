@@ -1,6 +1,6 @@
 """Gradient fidelity: the unscaled mixed-precision gradient against float32.
 
-Metrics (DESIGN.md section 5), with identical weights and batch: the relative
+Metrics, with identical weights and batch: the relative
 error `||g_mixed - g_fp32|| / ||g_fp32||` of each variable's gradient and its
 underflow rate (share of elements non-zero in float32 and zero in the mixed run).
 

@@ -2,9 +2,9 @@
 
 `benchmarks.real_models --parts step` says how much slower keras_als's step
 is than Keras's `LossScaleOptimizer`'s, not where. This runs the same
-compiled steps (`architectures.build`: mixed_float16, XLA, Adam, batch 8),
+compiled steps (`real_models.architectures.build`: mixed_float16, XLA, Adam, batch 8),
 `instances` of each of `VARIANTS` (none of them the first model the process
-built: `timing.discard_first_build`), steps interleaved in a shuffled
+built: `real_models.timing.discard_first_build`), steps interleaved in a shuffled
 order, under the profiler, and splits each step's wall time into:
 
 - `program`: XLA running the compiled step (`CpuExecutable::ExecuteAsyncOnStream`:
@@ -55,9 +55,9 @@ VARIANTS = {
     "wrapper_only": {"method": "keras", "wrap": True},
     "optimizer_only": {"method": "keras_als", "wrap": False},
 }
-"""What is profiled: `architectures.build`'s arguments. `wrapper_only`, the
+"""What is profiled: `real_models.architectures.build`'s arguments. `wrapper_only`, the
 wrapped model with Keras's optimizer, compiles to the plain model's program
-(`programs.same_program`), so where it differs from `keras` is what two
+(`real_models.programs.same_program`), so where it differs from `keras` is what two
 compiled instances of one program differ by; `optimizer_only` is keras_als's
 optimizer on the model not wrapped."""
 PARTS = ("step", "python", "launch", "program")

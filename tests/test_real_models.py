@@ -229,7 +229,7 @@ def test_the_wrapped_model_with_keras_optimizer_compiles_to_the_plain_models_pro
     wrapped model's training step is the plain model's: the same computations,
     instruction for instruction, and the same instructions in its entry, with
     names, metadata and the order of its parameters aside
-    (`programs.same_program`). Wrapping alone adds nothing to the compiled
+    (`real_models.programs.same_program`). Wrapping alone adds nothing to the compiled
     step; keras_als's cost is its optimizer's and the ratios its plan hands the
     boundaries (`--parts graph` checks the four real models)."""
     plain = programs.compiled_step(name, "keras")
@@ -243,7 +243,7 @@ def test_the_wrapped_model_with_keras_optimizer_compiles_to_the_plain_models_pro
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_keras_als_skips_no_more_than_keras_in_the_first_50_steps_and_1_in_1000_after(name):
-    """The benchmark's skip run (`skips.skip_trace`: mixed_float16, XLA,
+    """The benchmark's skip run (`real_models.skips.skip_trace`: mixed_float16, XLA,
     Adam, batch 8, the same weights and batches), its 1,050 steps: over the
     first 50 keras_als skips at most as many steps as Keras's
     LossScaleOptimizer on the same 50 batches, at most 1 of the 1,000 after

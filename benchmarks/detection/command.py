@@ -1,4 +1,9 @@
-"""A detection-shaped benchmark: an SSD-like model on digits pasted into canvases."""
+"""A detection-shaped benchmark: an SSD-like model on digits pasted into canvases.
+
+The study's command line (`python -m benchmarks.detection --help`; the plan:
+the package docstring): runs the plan, or its quick version, or the float32
+learning-rate sweep, and writes detection.json and detection.md.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +30,9 @@ from benchmarks.detection.report import markdown, table
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.detection", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="1 seed, Adam only, 4 methods")
     parser.add_argument("--seeds", type=int, help=f"seeds 0..N-1 (default {len(SEEDS)})")
     parser.add_argument("--sweep", action="store_true", help="the float32 learning-rate sweep")

@@ -50,7 +50,7 @@ def in_build_order(methods: tuple, k: int) -> tuple:
     """`methods` in the order instance group `k` builds them: reversed every
     other group, so that no method is always built before the others (the
     first model a process compiles runs faster than later ones of the same
-    configuration: `benchmarks.real_models.discard_first_build`)."""
+    configuration: `benchmarks.real_models.timing.discard_first_build`)."""
     return methods if k % 2 == 0 else tuple(reversed(methods))
 
 

@@ -1,4 +1,9 @@
-"""Heavy-tailed losses (issue 17): rare samples whose loss is far larger than the rest."""
+"""Heavy-tailed losses (issue 17): rare samples whose loss is far larger than the rest.
+
+The study's command line (`python -m benchmarks.heavy_tails --help`; the plan
+and target: the package docstring): runs the settings, judges each, and writes
+heavy_tails.json and heavy_tails.md.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +29,9 @@ from benchmarks.heavy_tails.training import run
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.heavy_tails", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="1 seed, shorter training")
     parser.add_argument(
         "--settings",

@@ -1,4 +1,9 @@
-"""Two losses far apart: where one global loss scale starts to lose, and keras_als does not."""
+"""Two losses far apart: where one global loss scale starts to lose, and keras_als does not.
+
+The study's command line (`python -m benchmarks.loss_span --help`; the plan:
+the package docstring): the exponent sweep, or with `--float16-heads` the
+per-loss-scales study; each run in a fresh process.
+"""
 
 from __future__ import annotations
 
@@ -58,7 +63,9 @@ def main_per_output(seeds) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.loss_span", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="1 seed, 3 exponents")
     parser.add_argument(
         "--float16-heads", action="store_true", help="the per-loss-scales study instead"

@@ -1,4 +1,11 @@
-"""Real architectures: keras.applications and KerasHub models, built offline."""
+"""Real architectures: keras.applications and KerasHub models, built offline.
+
+The study's command line (`python -m benchmarks.real_models --help`; the plan
+and targets: the package docstring). It measures the parts asked for, keeps
+the other parts' rows in real_models.json, and writes real_models.md once
+every model has every part. `--probe` is the entry of the fresh processes
+that `probes` and the `--processes` options start.
+"""
 
 from __future__ import annotations
 
@@ -64,7 +71,9 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.real_models", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--steps", type=int, default=1050, help="training steps for skips")
     parser.add_argument(
         "--models",
