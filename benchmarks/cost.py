@@ -28,8 +28,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import keras_als
-from benchmarks import common, zoo
+from benchmarks import zoo
+from benchmarks.harness import isolation, scaling, xla_step
+from keras_als import _entries, policies
 
 
 @dataclasses.dataclass
@@ -93,7 +94,7 @@ def model_named(name: str) -> tuple[Callable[[], keras.Model], np.ndarray, np.nd
         y = rng.normal(size=(64, 1)).astype("float32")
         return deep_mlp(int(name[4:]) - 1), x, y
     if name in ("cnn_batchnorm", "residual_cnn"):
-        x_digits, y_digits, _, _ = common.digits_data()
+        x_digits, y_digits, _, _ = zoo.digits_data()
         builder = zoo.digits_cnn if name == "cnn_batchnorm" else zoo.residual_cnn
         return builder, x_digits[:64], y_digits[:64].astype("float32")
     if name == "transformer":
@@ -121,18 +122,18 @@ def _time_block(step: Callable, x: tf.Tensor, y: tf.Tensor, n: int) -> float:
 
 
 BREAKDOWN = (
-    common.Method(
+    scaling.Method(
         "als_every_step",
         "als",
-        common.policies.MaxSafe(),
+        policies.MaxSafe(),
         wrap=True,
         measure_every_n_steps=1,
         label="keras_als, MaxSafe, measuring every step (measure_every_n_steps=1)",
     ),
-    common.Method(
+    scaling.Method(
         "als_fixed_global",
         "als",
-        common.policies.Fixed(default=2.0**10),
+        policies.Fixed(default=2.0**10),
         wrap=False,
         initial_scale=2.0**10,
         label="keras_als unwrapped, Fixed policy: one global scale",
@@ -145,12 +146,12 @@ def interleaved(
     name: str,
     blocks: int,
     steps_per_block: int,
-    extra: tuple[common.Method, ...] = (),
+    extra: tuple[scaling.Method, ...] = (),
     instances: int = 3,
 ) -> list[Timing]:
     """Times keras_als (max_safe, and `extra` variants) against Keras LSO, interleaved.
 
-    Runs in the calling process; `common.in_fresh_process` runs it in a new one.
+    Runs in the calling process; `isolation.in_fresh_process` runs it in a new one.
 
     Args:
         name: The model (see `model_named`).
@@ -164,26 +165,25 @@ def interleaved(
         One `Timing` per keras_als variant, each against Keras LSO.
     """
     builder, x, y = model_named(name)
-    common.fresh_session()
-    common.set_seed(0)
-    with common.precision("float32"):
+    isolation.fresh_session()
+    isolation.set_seed(0)
+    with scaling.precision("float32"):
         weights = builder().get_weights()
-    methods = (common.KERAS_LSO, common.ALS_MAX_SAFE, *extra)
+    methods = (scaling.KERAS_LSO, scaling.ALS_MAX_SAFE, *extra)
     steps = []  # (method name, compiled step), `instances` of each method
     wrapped = 0
     # The first model a process compiles runs faster than later ones of the same
     # configuration (`real_models.discard_first_build`): one of Keras's goes first,
     # untimed, and every other group builds the methods in reverse order.
-    first = common.KERAS_LSO.build(builder, weights, keras.optimizers.Adam(1e-4))
-    untimed = common.compiled_step(*first, loss_for(y, first[0]))
+    first = scaling.KERAS_LSO.build(builder, weights, keras.optimizers.Adam(1e-4))
+    untimed = xla_step.compiled_step(*first, loss_for(y, first[0]))
     for k in range(instances):
-        for method in common.in_build_order(methods, k):
+        for method in isolation.in_build_order(methods, k):
             model, optimizer = method.build(builder, weights, keras.optimizers.Adam(1e-4))
             if method.wrap:
-                wrapped = sum(
-                    1 for layer in model.layers if isinstance(layer, keras_als.AdaptiveScaled)
-                )
-            steps.append((method.name, common.compiled_step(model, optimizer, loss_for(y, model))))
+                wrapped = len(_entries.owners(model.trainable_variables))  # scaled layers
+            step = xla_step.compiled_step(model, optimizer, loss_for(y, model))
+            steps.append((method.name, step))
     x, y = tf.constant(x), tf.constant(y)
     for step in (untimed, *(step for _, step in steps)):
         _time_block(step, x, y, 3)  # trace, compile, settle
@@ -232,7 +232,7 @@ def layer_sweep(
     results = []
     for layers, instances in sizes:
         start = time.perf_counter()
-        (timing,) = common.in_fresh_process(
+        (timing,) = isolation.in_fresh_process(
             interleaved, f"mlp_{layers}", blocks, steps_per_block, (), instances
         )
         log(_line(timing) + f" [{time.perf_counter() - start:.0f}s]")
@@ -283,7 +283,7 @@ def run_all(
             continue
         start = time.perf_counter()
         extra = BREAKDOWN if breakdown else ()
-        timings = common.in_fresh_process(
+        timings = isolation.in_fresh_process(
             interleaved, name, blocks, steps_per_block, extra, instances
         )
         for timing in timings:

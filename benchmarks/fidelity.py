@@ -1,6 +1,6 @@
 """Gradient fidelity: the unscaled mixed-precision gradient against float32.
 
-Metrics (DESIGN.md section 5), with identical weights and batch: the relative
+Metrics, with identical weights and batch: the relative
 error `||g_mixed - g_fp32|| / ||g_fp32||` of each variable's gradient and its
 underflow rate (share of elements non-zero in float32 and zero in the mixed run).
 
@@ -19,7 +19,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import common, zoo
+from benchmarks import zoo
+from benchmarks.harness import isolation, scaling, xla_step
 
 
 def float32_gradients(model, x, y, loss_fn) -> list[np.ndarray]:
@@ -123,22 +124,22 @@ def overall(reference: list[np.ndarray], measured: list[np.ndarray]) -> tuple[fl
 class Runner:
     """A method's model and optimizer with compiled train and gradient steps."""
 
-    def __init__(self, case: zoo.Case, method: common.Method, weights: list[np.ndarray]):
+    def __init__(self, case: zoo.Case, method: scaling.Method, weights: list[np.ndarray]):
         self.case, self.method = case, method
         self.model, self.optimizer = method.build(
             case.builder, weights, keras.optimizers.Adam(case.learning_rate)
         )
         model, optimizer, loss_fn = self.model, self.optimizer, case.loss
 
-        train_step = common.compiled_step(model, optimizer, loss_fn)
+        train_step = xla_step.compiled_step(model, optimizer, loss_fn)
 
         @tf.function(jit_compile=True)
         def gradient_step(x, y):
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, tf.cast(model(x, training=True), tf.float32))
-                scaled = common.scale_loss(optimizer, loss)
+                scaled = scaling.scale_loss(optimizer, loss)
             grads = tape.gradient(scaled, model.trainable_variables)
-            return common.true_gradients(optimizer, grads, model.trainable_variables)
+            return scaling.true_gradients(optimizer, grads, model.trainable_variables)
 
         self.train_step, self.gradient_step = train_step, gradient_step
         self.steps = 0
@@ -157,7 +158,7 @@ class Runner:
 
 def measure_case(
     case: zoo.Case,
-    methods: list[common.Method],
+    methods: list[scaling.Method],
     train_steps: int,
     settle_steps: int = 20,
 ) -> list[Measurement]:
@@ -182,15 +183,15 @@ def measure_case(
     Returns:
         One `Measurement` per mixed method and phase.
     """
-    common.fresh_session()
-    common.set_seed(0)
-    with common.precision("float32"):
+    isolation.fresh_session()
+    isolation.set_seed(0)
+    with scaling.precision("float32"):
         initial = case.builder().get_weights()
     rng = np.random.default_rng(1)
     steps = max(1, int(train_steps * case.train_steps))
     schedule = [rng.choice(len(case.x), case.batch, replace=False) for _ in range(steps)]
     settle = [np.arange(case.batch)] * settle_steps
-    reference_run = Runner(case, common.FLOAT32, initial)
+    reference_run = Runner(case, scaling.FLOAT32, initial)
     reference_run.train(schedule, case.learning_rate)
     trained = reference_run.model.get_weights()
     reference_model = reference_run.model
@@ -206,7 +207,7 @@ def measure_case(
             continue
         runner = Runner(case, method, initial)
         for phase, weights in (("init", initial), ("trained", trained)):
-            before = common.skipped_steps(runner.optimizer, runner.steps)
+            before = scaling.skipped_steps(runner.optimizer, runner.steps)
             if phase == "trained":
                 runner.train(schedule, case.learning_rate)
                 runner.model.set_weights(weights)
@@ -214,7 +215,7 @@ def measure_case(
             measured = runner.gradients(x, y)
             rows = compare(references[phase], measured, names)
             error, underflow = overall(references[phase], measured)
-            skipped = common.skipped_steps(runner.optimizer, runner.steps) - before
+            skipped = scaling.skipped_steps(runner.optimizer, runner.steps) - before
             results.append(
                 Measurement(
                     case.name, method.name, phase, rows, error, underflow, skipped, runner.steps
@@ -224,7 +225,7 @@ def measure_case(
 
 
 def measure_named_case(
-    name: str, methods: list[common.Method], train_steps: int
+    name: str, methods: list[scaling.Method], train_steps: int
 ) -> list[Measurement]:
     """`measure_case` on the `benchmarks.zoo` case called `name`."""
     (case,) = [c for c in zoo.cases() if c.name == name]

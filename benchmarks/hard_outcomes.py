@@ -29,16 +29,17 @@ import statistics
 
 import numpy as np
 
-from benchmarks import common, fidelity, zoo
+from benchmarks import fidelity, zoo
+from benchmarks.harness import isolation, scaling, stats
 
 STEPS = 1000
 """Adam steps per run, times the case's `train_steps`."""
 SEEDS = (0, 1, 2, 3, 4)
-METHODS: tuple[common.Method, ...] = (
-    common.FLOAT32,
-    common.NO_SCALING,
-    common.KERAS_LSO,
-    common.ALS_MAX_SAFE,
+METHODS: tuple[scaling.Method, ...] = (
+    scaling.FLOAT32,
+    scaling.NO_SCALING,
+    scaling.KERAS_LSO,
+    scaling.ALS_MAX_SAFE,
 )
 
 
@@ -50,9 +51,9 @@ def run_case(name: str, seed: int, steps: int) -> dict:
         end `underflow` and `error` of the first batch's gradient vs float32.
     """
     (case,) = [c for c in zoo.cases() if c.name == name]
-    common.fresh_session()
-    common.set_seed(seed)
-    with common.precision("float32"):
+    isolation.fresh_session()
+    isolation.set_seed(seed)
+    with scaling.precision("float32"):
         initial = case.builder().get_weights()
         reference = case.builder()
     rng = np.random.default_rng(seed)
@@ -69,7 +70,7 @@ def run_case(name: str, seed: int, steps: int) -> dict:
         predicted = reference.predict(case.x, batch_size=256, verbose=0)
         outcome[method.name] = {
             "final_loss": float(case.loss(case.y, predicted)),
-            "skipped": common.skipped_steps(runner.optimizer, runner.steps),
+            "skipped": scaling.skipped_steps(runner.optimizer, runner.steps),
             "underflow": underflow,
             "error": error,
         }
@@ -78,7 +79,7 @@ def run_case(name: str, seed: int, steps: int) -> dict:
 
 def paired(runs: list[dict], method: str, baseline: str) -> tuple[float, float]:
     """Mean and standard error over seeds of `method`'s final loss minus `baseline`'s."""
-    return common.mean_and_standard_error(
+    return stats.mean_and_standard_error(
         [r[method]["final_loss"] - r[baseline]["final_loss"] for r in runs]
     )
 
@@ -142,10 +143,10 @@ def main(argv=None) -> None:
     seeds, steps = (SEEDS[:2], 100) if args.quick else (SEEDS, STEPS)
     hard = [c.name for c in zoo.cases() if c.hard]
     results = {"steps": steps, "seeds": list(seeds), "cases": {}}
-    with common.worker_pool() as pool:
+    with isolation.worker_pool() as pool:
         for name in hard:
             runs = []
-            for seed in seeds:  # one task at a time (see common.worker_pool)
+            for seed in seeds:  # one task at a time (see isolation.worker_pool)
                 runs.append(pool.submit(run_case, name, seed, steps).result())
                 print(
                     f"{name} seed {seed}: "

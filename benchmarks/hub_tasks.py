@@ -4,9 +4,9 @@ The tasks users hold: an object detector (`RetinaNetObjectDetector`), causal
 language models (`GPT2CausalLM`, `GemmaCausalLM`), a segmenter
 (`DeepLabV3ImageSegmenter`) and an image classifier (`ViTImageClassifier`),
 each at a size a CPU trains in seconds. The data is real and offline: digits
-pasted into canvases (`benchmarks.detection`, from scikit-learn's digits) for
+pasted into canvases (`benchmarks.detection.canvases`, from scikit-learn's digits) for
 the image tasks, and the docstrings of Python's standard library, as bytes,
-for the language models.
+for the language models. The tests of KerasHub tasks build theirs here.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 IMAGE = 48
-"""Side of the detection canvases (`benchmarks.detection.CANVAS`), in pixels."""
+"""Side of the detection canvases (`benchmarks.detection.canvases.CANVAS`), in pixels."""
 MAX_BOXES = 3
 """Boxes per canvas, padded with label -1 (KerasHub's background class)."""
 VOCABULARY = 256
@@ -79,9 +79,9 @@ def retinanet(num_classes: int = 10) -> keras.Model:
 def detection_data(split: str = "train", count: int | None = None):
     """`(images, {"boxes", "labels"})` of a split of the pasted digits, as a
     RetinaNet takes them: RGB canvases, pixel corner boxes, labels padded with -1."""
-    from benchmarks import detection
+    from benchmarks.detection import canvases
 
-    data = detection.split(split)
+    data = canvases.split(split)
     count = len(data.images) if count is None else count
     images = np.repeat(data.images[:count], 3, axis=-1)
     boxes = np.zeros((count, MAX_BOXES, 4), np.float32)

@@ -109,13 +109,14 @@ def high_water_mb() -> float:
 def _probe(model_name: str, method_name: str, steps: int) -> dict:
     import tensorflow as tf
 
-    from benchmarks import common, cost
+    from benchmarks import cost
+    from benchmarks.harness import isolation, scaling, xla_step
 
     builder, x, y = cost.model_named(model_name)
-    method = {m.name: m for m in common.ALL_METHODS}[method_name]
-    common.set_seed(0)
+    method = {m.name: m for m in scaling.ALL_METHODS}[method_name]
+    isolation.set_seed(0)
     model, optimizer = method.build(builder)
-    step = common.compiled_step(model, optimizer, cost.loss_for(y, model))
+    step = xla_step.compiled_step(model, optimizer, cost.loss_for(y, model))
     x, y = tf.constant(x), tf.constant(y)
     before = high_water_mb()
     for _ in range(steps):

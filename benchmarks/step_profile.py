@@ -2,9 +2,9 @@
 
 `benchmarks.real_models --parts step` says how much slower keras_als's step
 is than Keras's `LossScaleOptimizer`'s, not where. This runs the same
-compiled steps (`real_models.build`: mixed_float16, XLA, Adam, batch 8),
+compiled steps (`real_models.architectures.build`: mixed_float16, XLA, Adam, batch 8),
 `instances` of each of `VARIANTS` (none of them the first model the process
-built: `real_models.discard_first_build`), steps interleaved in a shuffled
+built: `real_models.timing.discard_first_build`), steps interleaved in a shuffled
 order, under the profiler, and splits each step's wall time into:
 
 - `program`: XLA running the compiled step (`CpuExecutable::ExecuteAsyncOnStream`:
@@ -46,7 +46,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
-from benchmarks import common, real_models  # noqa: E402
+from benchmarks.harness import isolation  # noqa: E402
+from benchmarks.real_models import architectures, timing  # noqa: E402
 
 VARIANTS = {
     "keras": {"method": "keras"},
@@ -54,9 +55,9 @@ VARIANTS = {
     "wrapper_only": {"method": "keras", "wrap": True},
     "optimizer_only": {"method": "keras_als", "wrap": False},
 }
-"""What is profiled: `real_models.build`'s arguments. `wrapper_only`, the
+"""What is profiled: `real_models.architectures.build`'s arguments. `wrapper_only`, the
 wrapped model with Keras's optimizer, compiles to the plain model's program
-(`real_models.same_program`), so where it differs from `keras` is what two
+(`real_models.programs.same_program`), so where it differs from `keras` is what two
 compiled instances of one program differ by; `optimizer_only` is keras_als's
 optimizer on the model not wrapped."""
 PARTS = ("step", "python", "launch", "program")
@@ -72,12 +73,12 @@ def profile(name: str, rounds: int = 40, instances: int = 2, seed: int = 0) -> d
     """Profiles `rounds` steps of `instances` compiled instances of each of
     `VARIANTS` on model `name` (after 3 warm-up steps each) and splits their
     time (`split`)."""
-    x, y = real_models.data(name, 1, seed)
+    x, y = architectures.data(name, 1, seed)
     models = {}
-    real_models.discard_first_build(name, x, y, seed)
+    timing.discard_first_build(name, x, y, seed)
     for k in range(instances):
-        for variant in common.in_build_order(tuple(VARIANTS), k):
-            models[f"{variant}/{k}"] = real_models.warmed_up(name, x, y, seed, **VARIANTS[variant])
+        for variant in isolation.in_build_order(tuple(VARIANTS), k):
+            models[f"{variant}/{k}"] = timing.warmed_up(name, x, y, seed, **VARIANTS[variant])
     order = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="keras_als_profile_") as logdir:
         tf.profiler.experimental.start(logdir)
@@ -235,7 +236,7 @@ def main(argv=None) -> None:
     results = {"models": {}}
     names = args.models.split(",")
     for name in names:
-        real_models.builder(name)  # an unknown name fails before any run
+        architectures.builder(name)  # an unknown name fails before any run
     for name in names:
         result = profile(name, args.rounds, args.instances)
         results["models"][name] = result

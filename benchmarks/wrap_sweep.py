@@ -39,7 +39,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_als  # noqa: E402
-from benchmarks.real_models import SEQUENCE, VOCABULARY, mean_pooled  # noqa: E402
+from benchmarks.real_models.architectures import SEQUENCE, VOCABULARY, mean_pooled  # noqa: E402
 
 APPLICATIONS = (
     "MobileNet",

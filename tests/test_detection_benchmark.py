@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks import detection as det
-from benchmarks.detection import Run
+from benchmarks.detection import canvases, geometry, metric, plan, report, ssd
+from benchmarks.detection.plan import Run
 
 
 def test_iou_against_hand_computed_overlaps():
     a = np.array([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 4.0, 4.0]])
     b = np.array([[1.0, 1.0, 3.0, 3.0], [5.0, 5.0, 6.0, 6.0], [0.0, 0.0, 2.0, 2.0]])
     # (0,0,2,2) vs (1,1,3,3): 1 / (4 + 4 - 1); (1,1,3,3) inside (0,0,4,4): 4 / 16.
-    np.testing.assert_allclose(det.iou(a, b), [[1 / 7, 0.0, 1.0], [0.25, 0.0, 0.25]])
-    assert det.iou(a, np.zeros((0, 4))).shape == (2, 0)
+    np.testing.assert_allclose(geometry.iou(a, b), [[1 / 7, 0.0, 1.0], [0.25, 0.0, 0.25]])
+    assert geometry.iou(a, np.zeros((0, 4))).shape == (2, 0)
 
 
 def test_encoding_against_hand_computed_offsets():
@@ -24,21 +24,22 @@ def test_encoding_against_hand_computed_offsets():
     # Centre (0.49, 0.5), size (0.4, 0.2): twice as wide, half as tall as the anchor.
     box = np.array([[0.29, 0.4, 0.69, 0.6]])
     expected = [[-0.01 / (0.2 * 0.1), 0.0, math.log(2) / 0.2, math.log(0.5) / 0.2]]
-    np.testing.assert_allclose(det.encode(box, anchor), expected, atol=1e-12)
+    np.testing.assert_allclose(geometry.encode(box, anchor), expected, atol=1e-12)
     np.testing.assert_allclose(expected[0][:2], [-0.5, 0.0])
-    np.testing.assert_allclose(det.decode(np.array(expected), anchor), box, atol=1e-12)
+    np.testing.assert_allclose(geometry.decode(np.array(expected), anchor), box, atol=1e-12)
 
 
 def test_encode_then_decode_is_the_identity():
     rng = np.random.default_rng(0)
     corners = rng.uniform(0, 0.5, (50, 2))
     boxes = np.concatenate([corners, corners + rng.uniform(0.05, 0.5, (50, 2))], axis=1)
-    anchors = det.anchors()[rng.integers(0, len(det.anchors()), 50)]
-    np.testing.assert_allclose(det.decode(det.encode(boxes, anchors), anchors), boxes, atol=1e-12)
+    anchors = geometry.anchors()[rng.integers(0, len(geometry.anchors()), 50)]
+    decoded = geometry.decode(geometry.encode(boxes, anchors), anchors)
+    np.testing.assert_allclose(decoded, boxes, atol=1e-12)
 
 
 def test_default_boxes_follow_the_feature_maps_in_head_order():
-    boxes = det.anchors()
+    boxes = geometry.anchors()
     assert boxes.shape == (12 * 12 * 4 + 6 * 6 * 4, 4)
     s = 0.2
     np.testing.assert_allclose(
@@ -75,7 +76,7 @@ def test_matcher_thresholds_and_forces_each_box_best_anchor():
             [0.5, 0.0, 0.6, 0.2],  # IoU .08 with anchor 1 at best: forced
         ]
     )
-    targets = det.match(boxes, np.array([3, 7, 1]), QUADRANTS)
+    targets = geometry.match(boxes, np.array([3, 7, 1]), QUADRANTS)
     # Anchor 4 overlaps box 0 by .25 at most: background. Anchor 2 overlaps nothing.
     np.testing.assert_array_equal(targets[:, 0], [4, 2, 0, 8, 0, 8])
     np.testing.assert_allclose(targets[0, 1:], [0, 0, 0, 0], atol=1e-6)
@@ -94,9 +95,9 @@ def test_matcher_thresholds_and_forces_each_box_best_anchor():
 def test_matcher_gives_a_shared_best_anchor_to_the_later_box():
     anchors = QUADRANTS[[0, 4]]
     boxes = np.array([[0.0, 0.0, 0.4, 0.4], [0.1, 0.1, 0.5, 0.5]])  # both IoU .64 with anchor 0
-    targets = det.match(boxes, np.array([2, 5]), anchors)
+    targets = geometry.match(boxes, np.array([2, 5]), anchors)
     np.testing.assert_array_equal(targets[:, 0], [6, 0])
-    assert det.match(np.zeros((0, 4)), np.zeros(0, int), anchors).sum() == 0
+    assert geometry.match(np.zeros((0, 4)), np.zeros(0, int), anchors).sum() == 0
 
 
 def _targets(labels, offsets=None):
@@ -114,7 +115,7 @@ def test_hard_negative_mining_keeps_the_largest_losses_three_per_positive():
             [5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0],  # no positive: none
         ]
     )
-    mined = det.hard_negatives(labels, losses).numpy()
+    mined = ssd.hard_negatives(labels, losses).numpy()
     np.testing.assert_array_equal(
         mined,
         [
@@ -124,7 +125,7 @@ def test_hard_negative_mining_keeps_the_largest_losses_three_per_positive():
         ],
     )
     # Equal losses: the lower anchor index first.
-    ties = det.hard_negatives(tf.constant([[0, 0, 1, 0, 0, 0]]), tf.constant([[1.0] * 6]))
+    ties = ssd.hard_negatives(tf.constant([[0, 0, 1, 0, 0, 0]]), tf.constant([[1.0] * 6]))
     np.testing.assert_array_equal(ties.numpy(), [[True, True, False, True, False, False]])
 
 
@@ -146,7 +147,7 @@ def test_multibox_loss_against_a_hand_computed_value():
     confidence = math.log(3) + sum(math.log(2 + math.exp(x)) for x in (3.0, 2.0, 1.0))
     location = 0.5 * 0.5**2 + (2.0 - 0.5) + 0.0 + (1.0 - 0.5)  # smooth L1: 0.125 + 1.5 + 0.5
     assert location == 2.125
-    value = float(det.multibox_loss(tf.constant(y_true), tf.constant(y_pred)))
+    value = float(ssd.multibox_loss(tf.constant(y_true), tf.constant(y_pred)))
     assert value == pytest.approx(confidence + location, rel=1e-6)
 
 
@@ -173,9 +174,9 @@ def test_multibox_loss_normalises_by_the_positives_of_the_whole_batch():
         total += sum(ce(image, a) for a in anchors)
     for image, anchor in ((0, 0), (1, 0), (1, 1)):
         total += smooth(offsets[image, anchor] - true_offsets[image, anchor])
-    value = det.multibox_loss(tf.constant(y_true), tf.constant(y_pred))
+    value = ssd.multibox_loss(tf.constant(y_true), tf.constant(y_pred))
     assert float(value) == pytest.approx(total / 3, rel=1e-5)
-    compiled = tf.function(det.multibox_loss, jit_compile=True)
+    compiled = tf.function(ssd.multibox_loss, jit_compile=True)
     assert float(compiled(tf.constant(y_true), tf.constant(y_pred))) == pytest.approx(
         total / 3, rel=1e-5
     )
@@ -183,7 +184,7 @@ def test_multibox_loss_normalises_by_the_positives_of_the_whole_batch():
 
 def test_multibox_loss_of_an_all_background_batch_is_not_divided_by_zero():
     y_pred = np.zeros((1, 4, 7), np.float32)
-    assert float(det.multibox_loss(tf.constant(_targets([[0, 0, 0, 0]])), y_pred)) == 0.0
+    assert float(ssd.multibox_loss(tf.constant(_targets([[0, 0, 0, 0]])), y_pred)) == 0.0
 
 
 def test_nms_suppresses_only_by_kept_boxes():
@@ -196,7 +197,7 @@ def test_nms_suppresses_only_by_kept_boxes():
             [0.0, 0.5, 1.0, 1.0],  # best score
         ]
     )
-    kept = det.nms(boxes, np.array([0.9, 0.8, 0.7, 0.6, 0.95]))
+    kept = metric.nms(boxes, np.array([0.9, 0.8, 0.7, 0.6, 0.95]))
     np.testing.assert_array_equal(kept, [4, 1, 3])
 
 
@@ -204,13 +205,13 @@ def test_average_precision_against_hand_computed_areas():
     scores = [0.6, 0.9, 0.7, 0.8]  # order: hit, miss, hit, miss
     hits = [0, 1, 1, 0]
     # Recall 1/2, 1/2, 1, 1 at precision 1, 1/2, 2/3, 1/2: envelope 1 then 2/3.
-    assert det.average_precision(scores, hits, 2) == pytest.approx(0.5 + 0.5 * 2 / 3)
+    assert metric.average_precision(scores, hits, 2) == pytest.approx(0.5 + 0.5 * 2 / 3)
     # A third object never found: recall steps of 1/3.
-    assert det.average_precision(scores, hits, 3) == pytest.approx(1 / 3 + 1 / 3 * 2 / 3)
+    assert metric.average_precision(scores, hits, 3) == pytest.approx(1 / 3 + 1 / 3 * 2 / 3)
     # Miss, hit, hit: precision 0, 1/2, 2/3 rises, so the envelope is 2/3 at both recalls.
-    assert det.average_precision([0.9, 0.8, 0.7], [0, 1, 1], 2) == pytest.approx(2 / 3)
-    assert det.average_precision([0.5, 0.4], [1, 1], 2) == 1.0
-    assert det.average_precision([0.5], [0], 2) == 0.0
+    assert metric.average_precision([0.9, 0.8, 0.7], [0, 1, 1], 2) == pytest.approx(2 / 3)
+    assert metric.average_precision([0.5, 0.4], [1, 1], 2) == 1.0
+    assert metric.average_precision([0.5], [0], 2) == 0.0
 
 
 def test_mean_average_precision_on_hand_made_detections():
@@ -225,20 +226,20 @@ def test_mean_average_precision_on_hand_made_detections():
         ),
         (np.array([b, b]), np.array([1, 2]), np.array([0.7, 0.6])),  # 2: no ground truth
     ]
-    mean, aps = det.mean_average_precision(detections, boxes, labels)
+    mean, aps = metric.mean_average_precision(detections, boxes, labels)
     # Class 1: hit, miss, hit over 2 objects = 5/6; class 4: hit then duplicate = 1.
     assert aps[1] == pytest.approx(5 / 6) and aps[4] == 1.0
     assert all(math.isnan(aps[k]) for k in (0, 2, 3, 5, 6, 7, 8, 9))
     assert mean == pytest.approx((5 / 6 + 1) / 2)
     perfect = [(bx, lb, np.ones(len(lb))) for bx, lb in zip(boxes, labels)]
-    assert det.mean_average_precision(perfect, boxes, labels)[0] == 1.0
+    assert metric.mean_average_precision(perfect, boxes, labels)[0] == 1.0
 
 
 def _small_split(seed, count=12):
     from sklearn.datasets import load_digits
 
     data = load_digits()
-    return det.make_split(data.images[:40] / 16.0, data.target[:40], count, seed)
+    return canvases.make_split(data.images[:40] / 16.0, data.target[:40], count, seed)
 
 
 def test_outputs_that_reproduce_the_targets_detect_every_object():
@@ -246,7 +247,7 @@ def test_outputs_that_reproduce_the_targets_detect_every_object():
     labels = data.targets[..., 0].astype(int)
     logits = np.where(np.arange(11) == labels[..., None], 10.0, -10.0)
     outputs = np.concatenate([logits, data.targets[..., 1:]], axis=-1)
-    mean, _ = det.mean_average_precision(det.detect(outputs), data.boxes, data.labels)
+    mean, _ = metric.mean_average_precision(metric.detect(outputs), data.boxes, data.labels)
     assert mean == pytest.approx(1.0)
 
 
@@ -257,7 +258,7 @@ def test_the_data_generator_is_deterministic_for_a_seed():
     for x, y in zip(first.boxes + first.labels, again.boxes + again.labels):
         np.testing.assert_array_equal(x, y)
     assert not np.array_equal(first.images, other.images)
-    assert first.images.shape == (12, det.CANVAS, det.CANVAS, 1)
+    assert first.images.shape == (12, canvases.CANVAS, canvases.CANVAS, 1)
     for boxes, labels, targets in zip(first.boxes, first.labels, first.targets):
         assert 1 <= len(labels) <= 3 and boxes.shape == (len(labels), 4)
         assert np.all((boxes >= 0) & (boxes <= 1)) and np.all(boxes[:, 2:] > boxes[:, :2])
@@ -265,32 +266,32 @@ def test_the_data_generator_is_deterministic_for_a_seed():
 
 
 def test_splits_paste_disjoint_digit_images():
-    ranges = sorted(det.DIGIT_POOLS.values())
+    ranges = sorted(canvases.DIGIT_POOLS.values())
     assert all(stop <= start for (_, stop), (start, _) in zip(ranges, ranges[1:]))
 
 
 def test_resize_is_bilinear_with_half_pixel_centres():
     np.testing.assert_allclose(
-        det.resize(np.array([[0.0, 1.0], [0.0, 1.0]]), 2, 4),
+        canvases.resize(np.array([[0.0, 1.0], [0.0, 1.0]]), 2, 4),
         [[0.0, 0.25, 0.75, 1.0]] * 2,
     )
     image = np.random.default_rng(0).random((8, 8))
-    np.testing.assert_allclose(det.resize(image, 8, 8), image)
+    np.testing.assert_allclose(canvases.resize(image, 8, 8), image)
 
 
 def test_l2_normalisation_scales_each_location_to_twenty():
-    layer = det.L2Normalization(20.0)
+    layer = ssd.L2Normalization(20.0)
     out = layer(np.array([[[[3.0, 4.0]]]], np.float32))
     np.testing.assert_allclose(out.numpy(), [[[[12.0, 16.0]]]], rtol=1e-6)
-    clone = det.L2Normalization.from_config(layer.get_config())
+    clone = ssd.L2Normalization.from_config(layer.get_config())
     assert (clone.initial_scale, clone.epsilon) == (20.0, 1e-10)
 
 
 def test_batch_order_is_a_fixed_permutation_per_pass():
-    order = det.batch_order(5, steps=7, batch=4, count=10)
+    order = plan.batch_order(5, steps=7, batch=4, count=10)
     assert order.shape == (7, 4)
     np.testing.assert_array_equal(np.sort(order.ravel()[:10]), np.arange(10))
-    np.testing.assert_array_equal(order, det.batch_order(5, 7, 4, 10))
+    np.testing.assert_array_equal(order, plan.batch_order(5, 7, 4, 10))
 
 
 def _run(method, seed, value, optimizer="sgd"):
@@ -301,15 +302,15 @@ def test_paired_differences_are_by_seed_with_standard_errors():
     runs = [_run("keras_lso", s, v) for s, v in enumerate([0.50, 0.60, 0.70])]
     runs += [_run("als_max_safe", s, v) for s, v in enumerate([0.51, 0.63, 0.70])]
     runs += [_run("als_max_safe", 0, 0.0, optimizer="adam")]  # another block: ignored
-    mean, error, seeds = det.paired(runs, "sgd", "als_max_safe", "keras_lso")
+    mean, error, seeds = report.paired(runs, "sgd", "als_max_safe", "keras_lso")
     # Differences 1, 3, 0 points: mean 4/3, sd sqrt(7/3), s.e. sd / sqrt(3).
     assert seeds == 3 and mean == pytest.approx(4 / 3)
     assert error == pytest.approx(math.sqrt(7 / 3) / math.sqrt(3))
-    assert "| sgd | als_max_safe | 61.33 ± 9.61 | +1.33 ± 0.88 |" in det.table(runs)
+    assert "| sgd | als_max_safe | 61.33 ± 9.61 | +1.33 ± 0.88 |" in report.table(runs)
 
 
 def test_warm_up_is_linear_then_constant():
-    schedule = det.WarmUp(0.01, steps=100)
+    schedule = plan.WarmUp(0.01, steps=100)
     values = [float(schedule(step)) for step in (0, 49, 99, 500)]
     np.testing.assert_allclose(values, [1e-4, 5e-3, 1e-2, 1e-2], rtol=1e-6)
-    assert det.WarmUp.from_config(schedule.get_config()).steps == 100
+    assert plan.WarmUp.from_config(schedule.get_config()).steps == 100

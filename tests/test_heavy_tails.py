@@ -4,7 +4,7 @@ skip many more steps than Keras's LossScaleOptimizer on the same batches.
 The training case is a small version of `benchmarks.heavy_tails`'s reproducer:
 teacher regression with 1% of the targets multiplied by 10^4, so about half of
 the batches hold a spike; both methods train from the same weights on the same
-batches (`benchmarks.heavy_tails.train`, `model.fit(jit_compile=True,
+batches (`benchmarks.heavy_tails.training.train`, `model.fit(jit_compile=True,
 shuffle=False)` on a permuted copy of the rows).
 """
 
@@ -12,10 +12,10 @@ import dataclasses
 
 import pytest
 
-from benchmarks import heavy_tails
+from benchmarks.heavy_tails import plan, report, training
 
 SMALL = dataclasses.replace(
-    heavy_tails.SETTINGS[0],
+    plan.SETTINGS[0],
     name="mlp_1e4_1pct",  # judged like the reproducer (held-out MSE)
     rows=6_400,  # 100 batches of 64
     epochs=3,  # 300 steps
@@ -26,8 +26,8 @@ SMALL = dataclasses.replace(
 
 @pytest.mark.slow
 def test_keras_als_skips_no_more_than_keras_on_the_same_spiky_batches():
-    keras_lso = heavy_tails.train(SMALL, "keras_lso", seed=0)
-    ours = heavy_tails.train(SMALL, "keras_als", seed=0)
+    keras_lso = training.train(SMALL, "keras_lso", seed=0)
+    ours = training.train(SMALL, "keras_als", seed=0)
     assert keras_lso.steps == ours.steps == 300
     assert keras_lso.spike_batches == ours.spike_batches > 100  # the same spiky batches
     # The case must overflow, or the comparison below proves nothing: Keras's
@@ -43,7 +43,7 @@ def test_keras_als_skips_no_more_than_keras_on_the_same_spiky_batches():
 
 
 def _run(setting, method, seed, outcome, skipped, steps=1000):
-    return heavy_tails.Run(
+    return training.Run(
         setting, method, seed, outcome, steps, skipped, None, [], 0, 0, True, seconds=1.0
     )
 
@@ -56,19 +56,19 @@ def test_judge_fails_on_too_many_skips_and_on_a_worse_outcome_beyond_seed_noise(
         return [_run(name, "keras_als", s, o, skipped) for s, o in enumerate(outcomes)]
 
     good = ours([1.0 + 0.1 * s for s in range(5)], 1)
-    assert heavy_tails.judge(keras_lso + good, name).passed
+    assert report.judge(keras_lso + good, name).passed
     # 5 runs x 1000 steps: allowed max(2 x 15, 25) = 30 skips in all.
-    assert heavy_tails.judge(keras_lso + ours([1.0] * 5, 6), name).passed
-    many = heavy_tails.judge(keras_lso + ours([1.0] * 5, 7), name)
+    assert report.judge(keras_lso + ours([1.0] * 5, 6), name).passed
+    many = report.judge(keras_lso + ours([1.0] * 5, 7), name)
     assert not many.passed and "too many" in many.skips
     # Worse by 0.5 at every seed: far outside seed noise.
-    worse = heavy_tails.judge(keras_lso + ours([1.5 + 0.1 * s for s in range(5)], 0), name)
+    worse = report.judge(keras_lso + ours([1.5 + 0.1 * s for s in range(5)], 0), name)
     assert not worse.passed and "worse than Keras LSO" in worse.outcome
     # Worse on average but spread: a tie within two standard errors.
-    noisy = heavy_tails.judge(keras_lso + ours([1.1, 1.7, 1.0, 1.2, 1.4], 0), name)
+    noisy = report.judge(keras_lso + ours([1.1, 1.7, 1.0, 1.2, 1.4], 0), name)
     assert noisy.passed and "tie" in noisy.outcome
     # A non-finite outcome fails.
-    nan = heavy_tails.judge(keras_lso + ours([float("nan")] + [1.0] * 4, 0), name)
+    nan = report.judge(keras_lso + ours([float("nan")] + [1.0] * 4, 0), name)
     assert not nan.passed
 
 
@@ -77,6 +77,6 @@ def test_judge_reads_accuracy_as_higher_is_better():
     keras_lso = [_run(name, "keras_lso", s, 0.90, 0, 270) for s in range(5)]
     better = [_run(name, "keras_als", s, 0.92, 0, 270) for s in range(5)]
     lower = [_run(name, "keras_als", s, 0.88 + 0.001 * s, 0, 270) for s in range(5)]
-    assert heavy_tails.judge(keras_lso + better, name).passed
-    verdict = heavy_tails.judge(keras_lso + lower, name)
+    assert report.judge(keras_lso + better, name).passed
+    verdict = report.judge(keras_lso + lower, name)
     assert not verdict.passed and "points" in verdict.outcome

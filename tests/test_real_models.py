@@ -14,13 +14,14 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from benchmarks import real_models, wrap_sweep
+from benchmarks import wrap_sweep
+from benchmarks.real_models import architectures, programs, skips
 from keras_als import _scale_state, policies
 from tests import models
 
 pytest.importorskip("keras_hub")
 
-ALL = sorted(real_models.MODELS)
+ALL = sorted(architectures.MODELS)
 # ResNet50V2's 23M weights make each XLA compile long: it runs in the slow set.
 FAST = [name for name in ALL if name != "resnet50_v2"]
 
@@ -35,7 +36,7 @@ def test_wrap_model_copies_every_weight_exactly_and_computes_the_same_outputs(na
     the boundaries' identity ops can change how TensorFlow fuses the graph); a
     `.keras` file of the wrapped model reloads to bit-identical outputs."""
     keras.utils.set_random_seed(0)
-    model = real_models.MODELS[name]()
+    model = architectures.MODELS[name]()
     wrapped = keras_als.wrap_model(model)
     assert len(wrapped.weights) == len(model.weights)
     for w, v in zip(model.weights, wrapped.weights):
@@ -50,8 +51,8 @@ def test_wrap_model_copies_every_weight_exactly_and_computes_the_same_outputs(na
     assert [layer.name for layer in models.all_layers(wrapped)] == [
         layer.name for layer in models.all_layers(model)
     ]
-    x, _ = real_models.data(name, 1)
-    x = real_models.batch(x, 0)
+    x, _ = architectures.data(name, 1)
+    x = architectures.batch(x, 0)
     expected = _outputs(model, x)
     np.testing.assert_allclose(_outputs(wrapped, x), expected, rtol=1e-6, atol=1e-6)
     path = tmp_path / f"{name}.keras"
@@ -65,9 +66,9 @@ def test_a_residual_trunk_gets_a_scale_per_block():
     blocks along the trunk into one scale: each wrapped layer with weights has
     a scale of its own (the issue measured 87 scales for 103 layers before)."""
     keras.utils.set_random_seed(0)
-    wrapped = keras_als.wrap_model(real_models.resnet50_v2())
+    wrapped = keras_als.wrap_model(architectures.resnet50_v2())
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.0))
-    x, y = real_models.data("resnet50_v2", 1)
+    x, y = architectures.data("resnet50_v2", 1)
     _train(wrapped, optimizer, x, y, steps=1, jit_compile=False)
     weighted = [layer for layer in models.all_layers(wrapped) if _has_scale(layer)]
     distinct = {optimizer.layer_scales()[layer.layer.name] for layer in weighted}
@@ -83,9 +84,9 @@ def test_on_a_real_model_the_optimizer_adds_one_variable_to_keras_s_whatever_its
     more, `scale_state`, sized for every scale: the README's claim, on real nets
     (7 scales on the tiny GPT-2, dozens on MobileNetV2)."""
     keras.utils.set_random_seed(0)
-    wrapped = keras_als.wrap_model(real_models.MODELS[name]())
+    wrapped = keras_als.wrap_model(architectures.MODELS[name]())
     ours = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam())
-    x, y = real_models.data(name, 1)
+    x, y = architectures.data(name, 1)
     _train(wrapped, ours, x, y, steps=1, jit_compile=False)
     theirs = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
     theirs.build(wrapped.trainable_variables)
@@ -124,10 +125,10 @@ def _train(model, optimizer, x, y, steps, jit_compile=True):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=jit_compile,
     )
-    assert len(y) >= steps * real_models.BATCH, "fewer batches than steps"
+    assert len(y) >= steps * architectures.BATCH, "fewer batches than steps"
     for i in range(steps):
         model.train_on_batch(
-            real_models.batch(x, i), y[i * real_models.BATCH :][: real_models.BATCH]
+            architectures.batch(x, i), y[i * architectures.BATCH :][: architectures.BATCH]
         )
 
 
@@ -142,12 +143,12 @@ def test_chosen_scales_and_scale_one_train_bit_identically_in_float32(name):
     """float32, Adam, 3 steps (XLA for the KerasHub models): the scales keras_als
     chooses and scale 1 everywhere give bit-identical weights (powers of two
     scale exactly)."""
-    x, y = real_models.data(name, 3)
+    x, y = architectures.data(name, 3)
     weights = {}
     for policy in ("max_safe", policies.Fixed(default=1.0)):
         keras.utils.clear_session()
         keras.utils.set_random_seed(0)
-        model = keras_als.wrap_model(real_models.MODELS[name]())
+        model = keras_als.wrap_model(architectures.MODELS[name]())
         optimizer = keras_als.AdaptiveLossScaleOptimizer(
             keras.optimizers.Adam(1e-3), policy=policy, measure_every_n_steps=1
         )
@@ -168,18 +169,18 @@ def test_one_step_unscaled_gradients_match_the_plain_model_within_float32_roundi
     norm of all gradients, the order of float32 rounding in a deep net (the
     plain model's own XLA vs no-XLA difference is printed for comparison)."""
     keras.utils.set_random_seed(0)
-    plain = real_models.MODELS[name]()
+    plain = architectures.MODELS[name]()
     wrapped = keras_als.wrap_model(plain)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
         keras.optimizers.SGD(0.0), measure_every_n_steps=1
     )
     settling = 3
-    inputs, labels = real_models.data(name, settling)
+    inputs, labels = architectures.data(name, settling)
     # Settles the scales on three batches (weights stay); a TensorFlow graph
     # here, which spares one XLA compile of the model: the gradients compared
     # below, on the first batch, are XLA's.
     _train(wrapped, optimizer, inputs, labels, steps=settling, jit_compile=False)
-    x, y = real_models.batch(inputs, 0), labels[: real_models.BATCH]
+    x, y = architectures.batch(inputs, 0), labels[: architectures.BATCH]
     assert max(optimizer.layer_scales().values()) > 1.0
     # Training moved BatchNorm's moving statistics in the wrapped model only.
     for ours, theirs in zip(plain.weights, wrapped.weights):
@@ -228,30 +229,30 @@ def test_the_wrapped_model_with_keras_optimizer_compiles_to_the_plain_models_pro
     wrapped model's training step is the plain model's: the same computations,
     instruction for instruction, and the same instructions in its entry, with
     names, metadata and the order of its parameters aside
-    (`real_models.same_program`). Wrapping alone adds nothing to the compiled
+    (`real_models.programs.same_program`). Wrapping alone adds nothing to the compiled
     step; keras_als's cost is its optimizer's and the ratios its plan hands the
     boundaries (`--parts graph` checks the four real models)."""
-    plain = real_models.compiled_step(name, "keras")
-    wrapped = real_models.compiled_step(name, "keras", wrap=True)
+    plain = programs.compiled_step(name, "keras")
+    wrapped = programs.compiled_step(name, "keras", wrap=True)
     assert plain != wrapped  # the names differ: the comparison must look past them
-    assert real_models.same_program(plain, wrapped)
+    assert programs.same_program(plain, wrapped)
     # One instruction changed is another program.
-    assert not real_models.same_program(plain, wrapped.replace(" multiply(", " add(", 1))
+    assert not programs.same_program(plain, wrapped.replace(" multiply(", " add(", 1))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_keras_als_skips_no_more_than_keras_in_the_first_50_steps_and_1_in_1000_after(name):
-    """The benchmark's skip run (`real_models.skip_trace`: mixed_float16, XLA,
+    """The benchmark's skip run (`real_models.skips.skip_trace`: mixed_float16, XLA,
     Adam, batch 8, the same weights and batches), its 1,050 steps: over the
     first 50 keras_als skips at most as many steps as Keras's
     LossScaleOptimizer on the same 50 batches, at most 1 of the 1,000 after
     (issue 12's targets), its losses stay finite, and it measures its scales on
     at most one step in ten (the period grows while scales hold)."""
     steps = 1050
-    keras_run = real_models.skip_trace(name, "keras", 50, batches=steps)
+    keras_run = skips.skip_trace(name, "keras", 50, batches=steps)
     keras.utils.clear_session()
-    run = real_models.skip_trace(name, "keras_als", steps)
+    run = skips.skip_trace(name, "keras_als", steps)
     keras.config.set_dtype_policy("float32")
     first_50 = {"keras": keras_run.skipped[-1], "keras_als": run.skipped[49]}
     after = run.skipped[-1] - run.skipped[49]
@@ -264,17 +265,17 @@ def test_keras_als_skips_no_more_than_keras_in_the_first_50_steps_and_1_in_1000_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(real_models.OTHER_FAMILIES))
+@pytest.mark.parametrize("name", sorted(architectures.OTHER_FAMILIES))
 def test_other_models_of_the_same_families_wrap_with_every_weight_and_output_equal(name):
     """Wrapped, each copies every weight bit for bit and computes outputs equal to
     the original's (exactly: the boundaries are identities forward)."""
     keras.utils.set_random_seed(0)
-    model = real_models.OTHER_FAMILIES[name]()
+    model = architectures.OTHER_FAMILIES[name]()
     wrapped = keras_als.wrap_model(model)
     assert len(wrapped.weights) == len(model.weights)
     for original, copy in zip(model.weights, wrapped.weights):
         np.testing.assert_array_equal(np.asarray(copy), np.asarray(original))
-    x, _ = real_models.data(name, batches=1)  # the benchmark's inputs for this model
+    x, _ = architectures.data(name, batches=1)  # the benchmark's inputs for this model
     np.testing.assert_array_equal(_outputs(wrapped, x), _outputs(model, x))
 
 
@@ -288,7 +289,7 @@ def test_a_keras_hub_backbone_whose_layers_configs_do_not_round_trip_still_wraps
     import keras_hub
 
     def llama():
-        return real_models.mean_pooled(
+        return architectures.mean_pooled(
             keras_hub.models.LlamaBackbone(
                 vocabulary_size=128,
                 num_layers=2,
@@ -313,7 +314,7 @@ def test_a_keras_hub_backbone_whose_layers_configs_do_not_round_trip_still_wraps
     if not round_trips:  # KerasHub 0.32; a KerasHub that fixed it copies every layer
         assert len(not_copied) == 1
         assert "'transformer_layer_0', 'transformer_layer_1'" in str(not_copied[0].message)
-    x = {key: np.ones((2, real_models.SEQUENCE), "int32") for key in model.input}
+    x = {key: np.ones((2, architectures.SEQUENCE), "int32") for key in model.input}
     np.testing.assert_array_equal(_outputs(wrapped, x), _outputs(model, x))
 
     keras.config.set_dtype_policy("mixed_float16")
@@ -329,7 +330,7 @@ def test_a_keras_hub_backbone_whose_layers_configs_do_not_round_trip_still_wraps
             jit_compile=True,
         )
         rng = np.random.default_rng(0)
-        tokens = rng.integers(1, 128, (8, real_models.SEQUENCE)).astype("int32")
+        tokens = rng.integers(1, 128, (8, architectures.SEQUENCE)).astype("int32")
         inputs = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
         labels = rng.integers(0, 2, 8)
         losses = [wrapped.train_on_batch(inputs, labels) for _ in range(4)]
@@ -367,7 +368,7 @@ def test_on_a_llama_backbone_keras_writes_nan_into_the_embedding_and_keras_als_d
     If Keras fixes its check, the first assertion fails: update the README."""
 
     def llama():
-        return real_models.mean_pooled(wrap_sweep.tiny_backbone("LlamaBackbone"))
+        return architectures.mean_pooled(wrap_sweep.tiny_backbone("LlamaBackbone"))
 
     row = wrap_sweep.try_model(llama, steps=12)
     print(row)
@@ -392,7 +393,7 @@ def _keras_hub_task(name):
 
     task, backbone = (getattr(keras_hub.models, n) for n in TASKS[name])
     keras.utils.set_random_seed(0)
-    backbone = backbone(**real_models.TINY_BACKBONE, dropout=0.0)
+    backbone = backbone(**architectures.TINY_BACKBONE, dropout=0.0)
     if name == "bert_text_classifier":
         return task(backbone, num_classes=2, preprocessor=None, dropout=0.0)
     return task(backbone=backbone, preprocessor=None)
@@ -401,8 +402,8 @@ def _keras_hub_task(name):
 def _task_batches(name, batches):
     """Inputs and labels for `batches` batches of task `name`."""
     rng = np.random.default_rng(0)
-    n, length = batches * real_models.BATCH, real_models.SEQUENCE
-    tokens = rng.integers(1, real_models.VOCABULARY, (n, length)).astype("int32")
+    n, length = batches * architectures.BATCH, architectures.SEQUENCE
+    tokens = rng.integers(1, architectures.VOCABULARY, (n, length)).astype("int32")
     x = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
     if name.startswith("bert"):
         x["segment_ids"] = np.zeros_like(tokens)
@@ -431,7 +432,7 @@ def test_a_keras_hub_task_wraps_with_its_tied_weights_and_trains_as_the_plain_mo
     _assert_every_weight_copied_once(model, wrapped)
     x, y = _task_batches(name, 3)
     np.testing.assert_array_equal(
-        _outputs(wrapped, real_models.batch(x, 0)), _outputs(model, real_models.batch(x, 0))
+        _outputs(wrapped, architectures.batch(x, 0)), _outputs(model, architectures.batch(x, 0))
     )
 
     def train(model, policy=None):
@@ -517,7 +518,7 @@ def test_more_keras_hub_tasks_wrap_with_every_weight_and_output_equal(name):
     rng = np.random.default_rng(0)
     x = {}
     for key, tensor in model.input.items():
-        shape = (2, *(real_models.SEQUENCE if d is None else d for d in tensor.shape[1:]))
+        shape = (2, *(architectures.SEQUENCE if d is None else d for d in tensor.shape[1:]))
         if "mask" in key and key != "mask_positions":
             x[key] = np.ones(shape, "int32")
         elif key == "segment_ids":

@@ -1,8 +1,7 @@
-"""Tables and the five targets of the benchmark issue, from measured results.
+"""The five targets of the benchmark issue (3), judged from measured results.
 
 Everything here is a pure function of the results (plain dataclasses), so the
-PASS/FAIL logic can be tested on synthetic numbers.
-"""
+PASS/FAIL logic can be tested on synthetic numbers."""
 
 from __future__ import annotations
 
@@ -10,10 +9,10 @@ import dataclasses
 import math
 import statistics
 
-from benchmarks import common
 from benchmarks.convergence import Run
 from benchmarks.cost import Timing, growth_exponent
 from benchmarks.fidelity import Measurement
+from benchmarks.harness import stats
 from benchmarks.memory import Memory
 
 OURS = "als_max_safe"
@@ -43,7 +42,7 @@ def layer_mean_error(m: Measurement) -> float:
     return statistics.fmean(e for _, e, _ in m.layers)
 
 
-def _fmt(x: float) -> str:
+def fmt(x: float) -> str:
     return "inf" if math.isinf(x) else ("nan" if math.isnan(x) else f"{x:.2e}")
 
 
@@ -62,8 +61,8 @@ def target_fidelity(measurements: list[Measurement], hard: set[str]) -> Target:
         checked += 1
         if not layer_mean_error(ours) <= TOLERANCE * layer_mean_error(theirs):
             error_failures.append(
-                f"{case}/{phase}: error {_fmt(layer_mean_error(ours))} > "
-                f"Keras LSO {_fmt(layer_mean_error(theirs))}"
+                f"{case}/{phase}: error {fmt(layer_mean_error(ours))} > "
+                f"Keras LSO {fmt(layer_mean_error(theirs))}"
             )
         if case in hard:
             hard_checked += 1
@@ -113,7 +112,7 @@ def paired_difference(runs: list[Run], task: str, method: str) -> tuple[float, f
     """
     mine = {r.seed: r.accuracy for r in runs if r.task == task and r.method == method}
     theirs = {r.seed: r.accuracy for r in runs if r.task == task and r.method == BASELINE}
-    return common.paired_by_seed(mine, theirs, scale=100.0)
+    return stats.paired_by_seed(mine, theirs, scale=100.0)
 
 
 def target_accuracy(runs: list[Run]) -> Target:
@@ -224,190 +223,3 @@ def targets(
         target_step_time(timings, sweep),
         target_memory(memory),
     ]
-
-
-# ----------------------------------------------------------------------------- tables
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def fidelity_tables(measurements: list[Measurement], hard: set[str]) -> str:
-    """Layer-mean error, worst-layer error and underflow: rows case/phase, columns methods."""
-    methods = list(dict.fromkeys(m.method for m in measurements))
-    keys = list(dict.fromkeys((m.case, m.phase) for m in measurements))
-    by = {(m.case, m.phase, m.method): m for m in measurements}
-    out = []
-    metrics = (
-        ("Gradient error, mean over layers", lambda m: _fmt(layer_mean_error(m))),
-        ("Gradient error, worst layer", lambda m: _fmt(m.worst_layer_error)),
-        ("Gradient error, all gradients concatenated", lambda m: _fmt(m.error)),
-        ("Underflow rate, all gradient elements", lambda m: f"{m.underflow:.4f}"),
-        ("Steps skipped before the measurement (settle / training)", lambda m: str(m.skipped)),
-    )
-    for title, cell in metrics:
-        rows = []
-        for case, phase in keys:
-            name = f"{case}{' (hard)' if case in hard else ''}"
-            rows.append(
-                [name, phase]
-                + [cell(by[(case, phase, m)]) if (case, phase, m) in by else "" for m in methods]
-            )
-        out.append(f"#### {title}\n\n" + _table(["model", "phase", *methods], rows))
-    return "\n\n".join(out)
-
-
-def fidelity_summary(measurements: list[Measurement], hard: set[str]) -> str:
-    """keras_als (max_safe) against Keras LSO only: error and underflow per model and phase."""
-    by = {(m.case, m.phase, m.method): m for m in measurements}
-    rows = []
-    for case, phase in dict.fromkeys((m.case, m.phase) for m in measurements):
-        theirs, ours = by.get((case, phase, BASELINE)), by.get((case, phase, OURS))
-        if theirs is None or ours is None:
-            continue
-        rows.append(
-            [
-                f"{case}{' (hard)' if case in hard else ''}",
-                phase,
-                _fmt(layer_mean_error(theirs)),
-                _fmt(layer_mean_error(ours)),
-                _fmt(theirs.worst_layer_error),
-                _fmt(ours.worst_layer_error),
-                f"{theirs.underflow:.4f}",
-                f"{ours.underflow:.4f}",
-            ]
-        )
-    header = [
-        "model",
-        "phase",
-        "error LSO",
-        "error keras_als",
-        "worst layer LSO",
-        "worst layer keras_als",
-        "underflow LSO",
-        "underflow keras_als",
-    ]
-    return _table(header, rows)
-
-
-def _paired(runs: list[Run], task: str, method: str) -> str:
-    """Mean ± standard error over seeds of accuracy(method) - accuracy(Keras LSO)."""
-    mean, error, seeds = paired_difference(runs, task, method)
-    return f"{mean:+.2f} ± {error:.2f} ({seeds})" if seeds else ""
-
-
-def convergence_table(runs: list[Run]) -> str:
-    """Accuracy mean ± standard deviation (seeds), the paired difference from Keras LSO
-    and skipped steps per 1,000, per task and method."""
-    acc = accuracy_summary(runs)
-    methods = list(dict.fromkeys(r.method for r in runs))
-    rows = []
-    for task in dict.fromkeys(r.task for r in runs):
-        steps = max(r.steps for r in runs if r.task == task)
-        rows.append(
-            [f"{task} accuracy % ({steps} steps)"]
-            + [
-                f"{acc[(task, m)][0]:.2f} ± {acc[(task, m)][1]:.2f} ({acc[(task, m)][2]})"
-                if (task, m) in acc
-                else ""
-                for m in methods
-            ]
-        )
-        rows.append(
-            [f"{task} minus Keras LSO, paired by seed (points ± s.e., seeds)"]
-            + [_paired(runs, task, m) for m in methods]
-        )
-        rows.append(
-            [f"{task} skipped / 1000 after step 100"]
-            + [f"{skipped_per_1000(runs, task, m):.2f}" for m in methods]
-        )
-        rows.append(
-            [f"{task} skipped in all (sum over seeds)"]
-            + [
-                str(sum(r.skipped for r in runs if r.task == task and r.method == m))
-                for m in methods
-            ]
-        )
-    return _table(["task", *methods], rows)
-
-
-_TIMING_COLUMNS = {
-    "model": lambda t: t.model,
-    "variant": lambda t: t.method,
-    "wrapped layers": lambda t: str(t.layers),
-    "Keras LSO ms": lambda t: f"{t.lso_ms:.2f}",
-    "variant ms": lambda t: f"{t.als_ms:.2f}",
-    "keras_als ms": lambda t: f"{t.als_ms:.2f}",
-    "ratio": lambda t: f"{t.ratio:.3f}",
-    "LSO spread": lambda t: f"{t.lso_spread:.3f}",
-    "overhead ms": lambda t: f"{t.overhead_ms:.3f}",
-    "overhead per layer µs": lambda t: f"{1e3 * t.overhead_ms / t.layers:.1f}",
-    "instances x rounds x steps": lambda t: f"{t.instances} x {t.blocks} x {t.steps_per_block}",
-}
-"""How each column of the timing tables is read off a `Timing`."""
-
-
-def _timing_table(timings: list[Timing], columns: str) -> str:
-    header = columns.split(", ")
-    return _table(header, [[_TIMING_COLUMNS[c](t) for c in header] for t in timings])
-
-
-def cost_table(timings: list[Timing]) -> str:
-    """Interleaved step times (XLA) of keras_als variants against Keras LSO."""
-    return _timing_table(
-        timings,
-        "model, variant, wrapped layers, Keras LSO ms, variant ms, ratio, LSO spread, "
-        "instances x rounds x steps",
-    )
-
-
-def sweep_table(sweep: list[Timing]) -> str:
-    """Overhead against the number of wrapped layers."""
-    return _timing_table(
-        sorted(sweep, key=lambda t: t.layers),
-        "wrapped layers, Keras LSO ms, keras_als ms, ratio, LSO spread, overhead ms, "
-        "overhead per layer µs, instances x rounds x steps",
-    )
-
-
-def _live_at_peak_ratio(ours: Memory, theirs: Memory) -> str:
-    if ours.xla_peak_bytes is None or theirs.xla_peak_bytes is None:
-        return "not read"
-    return f"{ours.xla_peak_bytes / theirs.xla_peak_bytes:.3f}"
-
-
-def memory_table(memory: list[Memory]) -> str:
-    """XLA step memory and process RSS per model and method, with ratios."""
-    ratios = memory_ratios(memory)
-    by = {(m.model, m.method): m for m in memory}
-    rows = []
-    for model, (x, r) in ratios.items():
-        ours, theirs = by[(model, OURS)], by[(model, BASELINE)]
-        rows.append(
-            [
-                model,
-                f"{theirs.xla_bytes / 2**20:.3f}",
-                f"{ours.xla_bytes / 2**20:.3f}",
-                f"{x:.3f}",
-                _live_at_peak_ratio(ours, theirs),
-                f"{theirs.peak_rss_mb:.0f}",
-                f"{ours.peak_rss_mb:.0f}",
-                f"{r:.3f}",
-                f"{theirs.rss_growth_mb:.0f} / {ours.rss_growth_mb:.0f}",
-            ]
-        )
-    header = [
-        "model",
-        "LSO step MiB",
-        "keras_als step MiB",
-        "step ratio",
-        "step live-at-peak ratio",
-        "LSO peak RSS MiB",
-        "keras_als peak RSS MiB",
-        "RSS ratio",
-        "RSS growth MiB (LSO / keras_als)",
-    ]
-    return _table(header, rows)

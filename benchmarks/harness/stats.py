@@ -1,0 +1,27 @@
+"""Means, standard errors and differences paired by seed."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+
+def mean_and_standard_error(values: list[float]) -> tuple[float, float]:
+    """Mean of `values` and its standard error (nan with fewer than two values)."""
+    if len(values) < 2:
+        return (values[0] if values else float("nan")), float("nan")
+    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+
+
+def paired_by_seed(ours: dict, theirs: dict, scale: float = 1.0) -> tuple[float, float, int]:
+    """`scale * (ours - theirs)` over the seeds both have: `(mean, s.e., seeds)`.
+
+    The mean is NaN where there is no seed or a difference is not finite; the
+    standard error is NaN with fewer than two seeds (`mean_and_standard_error`).
+    """
+    differences = [scale * (ours[s] - theirs[s]) for s in sorted(ours) if s in theirs]
+    if not differences or not all(math.isfinite(d) for d in differences):
+        return float("nan"), float("nan"), len(differences)
+    return (*mean_and_standard_error(differences), len(differences))
+
+

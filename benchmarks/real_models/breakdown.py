@@ -1,0 +1,162 @@
+"""Where the step time goes: ablations of keras_als's step, timed against Keras's."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import keras_als
+from benchmarks.harness import isolation
+from benchmarks.real_models import probes
+from benchmarks.real_models.architectures import build, data
+from benchmarks.real_models.timing import (
+    discard_first_build,
+    interleaved_medians,
+    ratio_and_standard_error,
+    ratio_over_processes,
+)
+
+ABLATIONS = (
+    "keras",
+    "keras_again",
+    "keras_als",
+    "keras_with_state",
+    "measuring_never",
+    "no_boundary_reductions",
+    "no_boundary_multiplies",
+    "optimizer_only",
+    "wrapper_only",
+)
+"""The step-time ablation's variants (`step_breakdown`)."""
+
+
+class _NoReductions:
+    """Stands in for `keras_als._crossings.Crossings` and reduces nothing (ablation only:
+    scales are then chosen from weight gradients alone)."""
+
+    def __init__(self, graph, measuring, count_zeros):
+        self.reduced = {}
+
+    def arrived(self, boundary, gradients):
+        pass
+
+    def finish(self):
+        pass
+
+
+ONE_SCALE = 2.0**10
+"""Every scale of the `no_boundary_multiplies` ablation (within Keras's
+dynamic range for these models: no step overflows)."""
+
+
+def _not_multiplied(gradient, ratio):
+    """Stands in for `keras_als._boundary.multiply` where every ratio is 1
+    (all scales `ONE_SCALE`): the boundaries' multiplies, left out."""
+    return gradient
+
+
+def _never_measure_again(optimizer) -> None:
+    """Sets `optimizer`'s next measurement a million steps away."""
+    from keras_als import _scale_state
+
+    masks = _scale_state.counter_masks(optimizer)
+    values = {"steps_until_measuring": 10**6}
+    counters = _scale_state.counters_with(optimizer, masks, values=values)
+    _scale_state.assign(optimizer, new_counters=counters)
+
+
+def step_breakdown(
+    name: str, rounds: int = 300, seed: int = 0, instances: int = 1, variants=ABLATIONS
+) -> dict:
+    """What keras_als's step time is spent on: median step times in one process,
+    steps interleaved, of Keras's optimizer, a second group of it built the
+    same way (what two groups of one configuration differ by: the resolution
+    of these ratios), keras_als, keras_als whose scales are
+    never measured again after the warm-up steps (the next measurement set 10**6 steps away),
+    keras_als without the reductions of the gradients crossing the boundaries (an
+    ablation that changes what the scales are chosen from, for costing only),
+    keras_als without the boundaries' multiplies (every scale `ONE_SCALE`, so
+    every ratio is 1 and leaving them out changes no value), and
+    each half alone: keras_als's optimizer on the model not wrapped (one scale,
+    the loss's), and the wrapped model with Keras's optimizer; and Keras's
+    optimizer assigning, every step, as many small variables of its own as
+    keras_als's optimizer adds to Keras's (each variable a compiled step updates
+    costs it a fixed time on a CPU).
+
+    Each of `variants` (of `ABLATIONS`, in that order; `keras_with_state`
+    needs `keras_als` before it) is built `instances` times (see
+    `step_times`). Returns `ms`,
+    each variant's geometric mean over its instances of their median step
+    times, and, with two or more instances, `ratio_se`: the standard error of
+    each variant's ratio to Keras's (`ratio_and_standard_error`).
+    """
+    from keras_als import _boundary, _crossings
+
+    x, y = data(name, 1, seed)
+    built, optimizers = {}, {}
+    discard_first_build(name, x, y, seed)
+    for k in range(instances):
+        for variant in isolation.in_build_order(tuple(variants), k):
+            keras_optimizer = variant in (
+                "keras",
+                "keras_again",
+                "wrapper_only",
+                "keras_with_state",
+            )
+            wrap = {"optimizer_only": False, "wrapper_only": True}.get(variant)
+            state = 0
+            if variant == "keras_with_state":  # keras and keras_als are built (group 0 first)
+                state = len(optimizers["keras_als"].variables) - len(optimizers["keras"].variables)
+            unmultiplied = variant == "no_boundary_multiplies"
+            model, optimizer = build(
+                name,
+                "keras" if keras_optimizer else "keras_als",
+                seed,
+                wrap=wrap,
+                state_variables=state,
+                scale_policy=keras_als.policies.Fixed(ONE_SCALE) if unmultiplied else "max_safe",
+            )
+            optimizers[variant] = optimizer
+            original = _crossings.Crossings, _boundary.multiply
+            if variant == "no_boundary_reductions":
+                _crossings.Crossings = _NoReductions
+            if unmultiplied:
+                _boundary.multiply = _not_multiplied
+            try:
+                for _ in range(3):  # trace, compile and warm up
+                    model.train_on_batch(x, y)
+            finally:
+                _crossings.Crossings, _boundary.multiply = original
+            if variant == "measuring_never":
+                _never_measure_again(optimizer)
+            built[variant, k] = model
+    median = interleaved_medians(built, x, y, rounds, seed)
+    each = {v: [median[v, k] for k in range(instances)] for v in variants}
+    result = {
+        "ms": {v: 1e3 * math.exp(statistics.fmean(map(math.log, t))) for v, t in each.items()},
+        "instances": instances,
+    }
+    if instances > 1:
+        result["ratio_se"] = {
+            v: ratio_and_standard_error(t, each["keras"])[1] for v, t in each.items()
+        }
+    return result
+
+
+def step_breakdown_in_processes(
+    name: str, processes: int, instances: int = 1, variants=ABLATIONS
+) -> dict:
+    """`step_breakdown` in `processes` fresh processes: each variant's ratio to
+    Keras's is the geometric mean of the processes' ratios, with the standard
+    error of their spread (`ratio_over_processes`), as `step_times_in_processes`
+    does, since one process's instances share its draw of conditions."""
+    argument = f"{instances}:{','.join(variants)}"
+    runs = [probes.run_probe("breakdown", name, argument, True)["ms"] for _ in range(processes)]
+    ratios = {v: [run[v] / run["keras"] for run in runs] for v in variants}
+    return {
+        "ms": {v: math.exp(statistics.fmean(math.log(run[v]) for run in runs)) for v in variants},
+        "instances": instances,
+        "processes": processes,
+        "process_ratios": ratios,
+        "ratio_se": {v: ratio_over_processes(r)[1] for v, r in ratios.items()},
+    }

@@ -1,0 +1,47 @@
+"""Compile time and XLA step memory, each measured in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+
+def compile_times(name: str, repeats: int = 3) -> dict:
+    """First-step time of both methods, each in a fresh process, alternating.
+
+    A fresh process is what a user's first step costs, and it keeps one
+    method's compile from warming caches for the other. The first step with
+    XLA (trace, graph and XLA compile, one run) and without it (trace, graph,
+    one run) tell the tracing from the XLA compile. The ratio is of the
+    medians over `repeats` processes per method.
+    """
+    seconds = {(m, j): [] for m in ("keras", "keras_als") for j in (True, False)}
+    for _ in range(repeats):
+        for jit in (True, False):
+            for method in ("keras", "keras_als"):
+                seconds[method, jit].append(run_probe("compile", name, method, jit)["first_step"])
+    median = {key: statistics.median(value) for key, value in seconds.items()}
+    return {
+        "compile_ratio": median["keras_als", True] / median["keras", True],
+        "compile_seconds": {m: median[m, True] for m in ("keras", "keras_als")},
+        "without_xla_seconds": {m: median[m, False] for m in ("keras", "keras_als")},
+        "compile_samples": {f"{m} {'xla' if j else 'no xla'}": v for (m, j), v in seconds.items()},
+    }
+
+
+def memory_of(name: str, method: str) -> dict:
+    """XLA step memory and peak RSS of one configuration, in a fresh process."""
+    return run_probe("memory", name, method, True)
+
+
+def run_probe(kind: str, name: str, method: str, jit: bool) -> dict:
+    """Runs `_probe` in a fresh process and returns its JSON line."""
+    command = [sys.executable, "-m", "benchmarks.real_models", "--probe", kind, name, method]
+    command += [] if jit else ["--no-xla"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{kind} probe {name} {method} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])

@@ -1,0 +1,161 @@
+"""What each method's step is made of: traced operations, compiled kernels, HLO."""
+
+from __future__ import annotations
+
+import re
+
+import keras
+import tensorflow as tf
+
+from benchmarks.real_models.architectures import build, data
+
+
+def graph_ops(name: str) -> dict:
+    """Operations in each method's traced training step, those of the functions it
+    calls (branches) included: what tracing builds and XLA compiles.
+
+    The step is a custom one, as `model.fit` runs it (forward pass, `scale_loss`,
+    gradient, `apply`), traced once with the optimizer already built.
+    """
+    x, y = data(name, 1)
+    counts = {}
+    for method in ("keras", "keras_als"):
+        keras.utils.clear_session()
+        model, optimizer = build(name, method)
+        optimizer.build(model.trainable_variables)
+        counts[method] = _operations_of_step(model, optimizer, x, y)
+    return counts
+
+
+def step_kernels(name: str) -> dict:
+    """Kernels the XLA-compiled step of each method runs on every step (`kernels_of`),
+    and whether the wrapped model with Keras's optimizer compiles to the plain
+    model's program (`same_program`): then whatever the wrapper alone seems to
+    cost in a step time is the measurement's noise.
+
+    On a CPU each kernel has a fixed cost besides its work, so on a short step
+    this count tells what the step time cannot resolve.
+    """
+    plain = compiled_step(name, "keras")
+    counts = {
+        "keras": kernels_of(plain),
+        "keras_als": kernels_of(compiled_step(name, "keras_als")),
+        "wrapper_only_same_program": same_program(plain, compiled_step(name, "keras", wrap=True)),
+    }
+    return counts
+
+
+def compiled_step(name: str, method: str, wrap: bool | None = None) -> str:
+    """The optimized HLO text of model `name`'s XLA-compiled training step with
+    `method`'s optimizer (the model wrapped as `build` says), compiled once, not run."""
+    x, y = data(name, 1)
+    x, y = keras.tree.map_structure(tf.constant, x), tf.constant(y)
+    keras.utils.clear_session()
+    model, optimizer = build(name, method, wrap=wrap)
+    optimizer.build(model.trainable_variables)
+    step = _step_function(model, optimizer, jit_compile=True)
+    return step.experimental_get_compiler_ir(x, y)(stage="optimized_hlo")
+
+
+def same_program(hlo: str, other: str) -> bool:
+    """Whether two optimized HLO texts are one program, up to names and the
+    order of its parameters: the same computations called from the entry,
+    instruction for instruction, and the same instructions in the entry
+    computation, in any order. Names are replaced by their order of first
+    appearance, and the metadata (which names the Keras layers) is left out.
+    A wrapped model passes its variables in another order (`AdaptiveScaled`
+    reads a layer's non-trainable state before calling it), which renumbers
+    the entry's parameters and nothing else."""
+    return _program_of(hlo) == _program_of(other)
+
+
+def _program_of(hlo: str) -> tuple[list[str], list[str]]:
+    """(the computations before the entry, names renumbered; the entry's
+    instructions, names and parameter numbers left out, sorted)."""
+    called, entry = hlo.split("\nENTRY", 1)
+    names = {}
+
+    def renamed(match):
+        return names.setdefault(match.group(0), f"%{len(names)}")
+
+    computations = [
+        re.sub(r"%[\w.\-]+", renamed, _without_metadata(line))
+        for line in called.splitlines()
+        if not line.startswith("HloModule")
+    ]
+    instructions = sorted(_root_sorted(_anonymous(line)) for line in entry.splitlines()[1:])
+    return computations, instructions
+
+
+def _anonymous(line: str) -> str:
+    """An entry instruction without its metadata, names or parameter number."""
+    line = re.sub(r"%[\w.\-]+", "%", _without_metadata(line))
+    return re.sub(r"parameter\(\d+\)", "parameter", line)
+
+
+def _root_sorted(line: str) -> str:
+    """The entry's result, a tuple of the updated variables, with its shapes
+    sorted (they follow the parameters' order)."""
+    if not line.lstrip().startswith("ROOT"):
+        return line
+    return " ".join(sorted(re.findall(r"\w+\[[^\]]*\](?:\{[^}]*\})?", line)))
+
+
+def _without_metadata(line: str) -> str:
+    return re.sub(r",? metadata=\{[^}]*\}", "", line)
+
+
+NOT_KERNELS = frozenset(
+    ["parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all"]
+)
+"""HLO instructions that launch no work of their own."""
+
+
+def kernels_of(hlo: str) -> int:
+    """Instructions of optimized HLO text's entry computation that run work
+    (fusions, matrix products, copies, conditionals, ...): the kernels of every
+    step (what a conditional's branches hold is not counted: it may not run)."""
+    entry = hlo[hlo.index("\nENTRY") + 1 :]
+    entry = entry[: entry.index("\n}")]
+    count = 0
+    for line in entry.splitlines()[1:]:
+        _, _, right = line.partition(" = ")
+        opcode = _opcode(right)
+        count += bool(opcode) and opcode not in NOT_KERNELS
+    return count
+
+
+def _opcode(instruction: str) -> str:
+    """The opcode of an HLO instruction's right-hand side: `shape opcode(operands)`,
+    where the shape may be a tuple in parentheses."""
+    depth, start = 0, 0
+    if instruction.startswith("("):  # a tuple shape: skip to its closing parenthesis
+        for i, char in enumerate(instruction):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0:
+                start = i + 1
+                break
+    before, parenthesis, _ = instruction[start:].partition("(")
+    words = before.split()
+    return words[-1] if parenthesis and words else ""
+
+
+def _step_function(model, optimizer, jit_compile: bool = False):
+    """One training step of `model` and `optimizer`, as `model.fit` runs it
+    (forward pass, `scale_loss`, gradient, `apply`), as a `tf.function`."""
+
+    @tf.function(jit_compile=jit_compile)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+
+    return step
+
+
+def _operations_of_step(model, optimizer, x, y) -> int:
+    """Operations of one traced training step of `model` and `optimizer`, branches included."""
+    graph = _step_function(model, optimizer).get_concrete_function(x, y).graph.as_graph_def()
+    return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)

@@ -1,0 +1,182 @@
+"""real_models.md: the targets of issue 12 per model, and the tables."""
+
+from __future__ import annotations
+
+from benchmarks.real_models.breakdown import ABLATIONS
+from benchmarks.real_models.timing import INSTANCES
+
+STEP_TARGET = 1.03
+"""Issue 12's step time target: keras_als at most this times Keras's."""
+
+
+def verdicts(row: dict) -> dict:
+    """PASS/FAIL per target for one model's row (targets not yet measured are left out)."""
+    verdict = {}
+    if "keras" in row:
+        after = max(row["steps"] - 50, 1)
+        verdict["skips_first_50"] = row["keras_als"]["first_50"] <= row["keras"]["first_50"]
+        verdict["skips_after_50"] = row["keras_als"]["after_50"] <= max(1, after // 1000)
+    if "step_ratio" in row:
+        verdict["step_time"] = row["step_ratio"] <= STEP_TARGET
+    if "compile_ratio" in row:
+        verdict["compile_time"] = row["compile_ratio"] <= 1.25
+    if "memory_ratio" in row:
+        verdict["memory"] = row["memory_ratio"] <= 1.05
+    return verdict
+
+
+def missed(row: dict) -> list[str]:
+    """The targets `row` misses, and `"step_time at the line"` if its step ratio
+    meets the target but lies within two standard errors of it."""
+    names = [k for k, ok in verdicts(row).items() if not ok]
+    ratio, error = row.get("step_ratio"), row.get("step_ratio_se")
+    if ratio is not None and error is not None and ratio <= STEP_TARGET < ratio + 2 * error:
+        names.append("step_time at the line")
+    return names
+
+
+def _measured_cell(row: dict) -> str:
+    """On how many of its steps keras_als measured (`skip_trace`), or "-" if not recorded."""
+    measured = row["keras_als"].get("measured_steps")
+    return "-" if measured is None else f"{measured} steps"
+
+
+def step_cell(row: dict) -> str:
+    """The step time ratio, with its standard error and the Keras instances' spread."""
+    cell = f"{row['step_ratio']:.3f}x"
+    if "step_ratio_se" in row:
+        cell += f" ± {row['step_ratio_se']:.3f} ({row['keras_spread']:.2f}x)"
+    if "step_processes" in row:
+        cell += f", {row['step_processes']} processes x {row['step_instances']} instances"
+    elif row.get("step_instances", INSTANCES) != INSTANCES:
+        cell += f", {row['step_instances']} instances"
+    return cell
+
+
+def _breakdown_cells(row: dict) -> list[str]:
+    """One cell per ablation: ms, its ratio to Keras's and, with several
+    instances, that ratio's standard error and the number of instances."""
+    ms, errors = row["breakdown_ms"], row.get("breakdown_se", {})
+    cells = []
+    for variant in ABLATIONS:
+        if variant not in ms:
+            cells.append("-")
+            continue
+        ratio = f"{ms[variant] / ms['keras']:.3f}x"
+        if variant in errors:
+            ratio += f" ± {errors[variant]:.3f}"
+        cells.append(f"{ms[variant]:.2f} ({ratio})")
+    if "breakdown_processes" in row:
+        cells[0] += (
+            f", {row['breakdown_processes']} processes x "
+            f"{row['breakdown_instances']} instances each"
+        )
+    elif "breakdown_se" in row:
+        cells[0] += f", {row['breakdown_instances']} instances each"
+    return cells
+
+
+def markdown(results: dict) -> str:
+    """The real-model table of RESULTS.md."""
+    lines = [
+        "# Real architectures (issue 12)",
+        "",
+        f"mixed_float16, XLA, Adam 1e-3, batch {results['batch']}, same weights and batches "
+        "for both optimizers (`python -m benchmarks.real_models`). Ratios are keras_als over "
+        f"Keras's `LossScaleOptimizer`: step time from {INSTANCES} compiled instances of each "
+        "(unless the cell gives another number), "
+        "steps interleaved in one process in a shuffled order (none of them on the first "
+        "model the process built, and instance groups alternating which optimizer is "
+        "built first, since 60411cb), with its standard error "
+        "and, in brackets, how far the Keras instances differ (slowest over fastest); "
+        "compile time the median first step over fresh processes (alternating), "
+        "with XLA and, to tell tracing from XLA's compile, without; XLA step memory from "
+        "XLA's buffer assignment.",
+        "",
+        "| model | steps | skipped in first 50 (Keras / keras_als) | skipped after "
+        "(Keras / keras_als) | keras_als measured on | step time | compile time (s, Keras / "
+        "keras_als) | first step without XLA (s) | XLA step memory | targets missed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in results["models"].items():
+        if "compile_seconds" not in row:
+            continue  # skipped steps only: the table below
+        compiled, traced = row["compile_seconds"], row["without_xla_seconds"]
+        lines.append(
+            f"| {name} | {row['steps']} | {row['keras']['first_50']} / "
+            f"{row['keras_als']['first_50']} | {row['keras']['after_50']} / "
+            f"{row['keras_als']['after_50']} | {_measured_cell(row)} | {step_cell(row)} "
+            f"| {row['compile_ratio']:.3f}x ({compiled['keras']:.1f} / "
+            f"{compiled['keras_als']:.1f}) | {traced['keras']:.1f} / {traced['keras_als']:.1f} "
+            f"| {row['memory_ratio']:.3f}x | {', '.join(missed(row)) or 'none'} |"
+        )
+    models = results["models"]
+    others = [n for n, row in models.items() if "steps" in row and "compile_seconds" not in row]
+    if others:
+        lines += [
+            "",
+            "Skipped steps (`--parts skips`) and, where measured, step time (`--parts step`), "
+            "on more models of the same families "
+            "(`OTHER_FAMILIES`: keras.applications models at 32x32 under the same head, "
+            "tiny KerasHub backbones mean-pooled):",
+            "",
+            "| model | steps | skipped in first 50 (Keras / keras_als) | skipped after "
+            "(Keras / keras_als) | keras_als measured on | step time | targets missed |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name in others:
+            row = models[name]
+            lines.append(
+                f"| {name} | {row['steps']} | {row['keras']['first_50']} / "
+                f"{row['keras_als']['first_50']} | {row['keras']['after_50']} / "
+                f"{row['keras_als']['after_50']} | {_measured_cell(row)} | "
+                f"{step_cell(row) if 'step_ratio' in row else '-'} | "
+                f"{', '.join(missed(row)) or 'none'} |"
+            )
+    broken_down = {n: r["breakdown_ms"] for n, r in models.items() if "breakdown_ms" in r}
+    if broken_down:
+        lines += [
+            "",
+            "Where keras_als's step time goes (`--parts breakdown`: median ms of interleaved "
+            "steps in one process, geometric mean over each variant's instances; "
+            "`keras_again`: a second group of Keras's, built the same way, the resolution "
+            "of these ratios; "
+            "`keras_with_state`: Keras's, assigning as many small variables every step as "
+            "keras_als's optimizer adds; `measuring_never`: scales not measured again after the "
+            "first step; `no_boundary_reductions`: an ablation without the reductions of "
+            "the gradients crossing the boundaries, for costing only; "
+            "`no_boundary_multiplies`: every scale 2**10, so every ratio is 1, and the "
+            "boundaries' multiplies left out; `optimizer_only`: "
+            "keras_als's optimizer on the model not wrapped; `wrapper_only`: the wrapped "
+            "model with Keras's optimizer; -: not in that run):",
+            "",
+            "| model | " + " | ".join(ABLATIONS) + " |",
+            "| --- |" + " --- |" * len(ABLATIONS),
+        ]
+        for name in broken_down:
+            lines.append(f"| {name} | " + " | ".join(_breakdown_cells(models[name])) + " |")
+    counted = {n: r["graph_ops"] for n, r in models.items() if "graph_ops" in r}
+    if counted:
+        lines += [
+            "",
+            "Operations in the traced training step, branches included (`--parts graph`), "
+            "what tracing builds and XLA compiles; and the kernels the XLA-compiled step "
+            "runs on every step (the optimized HLO's entry computation, branches not "
+            "counted; each has a fixed cost on a CPU); and whether the wrapped model with "
+            "Keras's optimizer compiles to the plain model's program (`same_program`: the "
+            "same computations and entry instructions, names and parameter order aside; then what "
+            "`wrapper_only` seems to cost above is the measurement's noise):",
+            "",
+            "| model | operations: Keras | keras_als | kernels: Keras | keras_als "
+            "| wrapped model, Keras's optimizer: the plain model's program |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, ops in counted.items():
+            ratio = ops["keras_als"] / ops["keras"]
+            kernels = models[name].get("step_kernels")
+            cells = [f"{ops['keras']}", f"{ops['keras_als']} ({ratio:.2f}x)"]
+            cells += [f"{kernels['keras']}", f"{kernels['keras_als']}"] if kernels else ["-", "-"]
+            same = (kernels or {}).get("wrapper_only_same_program")
+            cells.append({True: "yes", False: "no", None: "-"}[same])
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
