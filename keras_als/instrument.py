@@ -24,6 +24,7 @@ layer.
 from __future__ import annotations
 
 import functools
+import threading
 
 import keras
 import tensorflow as tf
@@ -48,7 +49,10 @@ class Hook:
     def __init__(self, layer: keras.layers.Layer, scale_outputs: bool):
         self.layer = layer
         self.scale_outputs = scale_outputs
-        self._running = False  # a hooked method calling another of the layer's
+        # Set while a hooked method runs, per thread (tf.distribute traces each
+        # replica in a thread of its own): a hooked method calling another of
+        # the layer's places no second boundary.
+        self._running = threading.local()
 
     @property
     def scale_path(self) -> str:
@@ -67,9 +71,9 @@ class Hook:
 
     def run(self, method, *args, **kwargs):
         """Runs the layer's `method` between the boundaries this call needs."""
-        if self._running or not tf.inside_function():
+        if getattr(self._running, "now", False) or not tf.inside_function():
             return method(*args, **kwargs)
-        self._running = True
+        self._running.now = True
         try:
             scaled = bool(self.trainable_weights) or self.scale_outputs
             if not scaled and not self.layer.weights and _joins(args, kwargs):
@@ -80,7 +84,7 @@ class Hook:
                 self, method, args, kwargs, scale_outputs=self.scale_outputs
             )
         finally:
-            self._running = False
+            self._running.now = False
 
 
 def hook_of(layer) -> Hook | None:
@@ -175,9 +179,10 @@ def unwrap_model(model: keras.Model) -> keras.Model:
 
 
 def _retrace(model) -> None:
-    """Drops the step functions `fit`, `evaluate` and `predict` traced already,
-    so that the next call traces the model with (or without) its boundaries."""
-    for name in ("train_function", "test_function", "predict_function"):
+    """Drops the functions `fit`, `evaluate`, `predict` (and a KerasHub task's
+    `generate`) traced already, so the next call traces the model with (or
+    without) its boundaries."""
+    for name in ("train_function", "test_function", "predict_function", "generate_function"):
         if getattr(model, name, None) is not None:
             setattr(model, name, None)
 
