@@ -61,7 +61,8 @@ def test_transformer_example_trains_an_encoder_with_layer_wise_scales():
     out = run("transformer_sequence.py")
     assert "held-out accuracy:" in out
     assert "skipped:" in out
-    for layer in ["loss", "embed", "attention", "norm1", "ff1", "logits"]:
+    # The attention's projections each have a scale of their own.
+    for layer in ["loss", "embed", "query", "key", "value", "attention_output", "norm1", "logits"]:
         assert f"  {layer} " in out, layer
 
 
