@@ -373,7 +373,7 @@ def test_the_wrap_sweep_builds_tiny_backbones_and_says_what_a_constructor_lacks(
         wrap_sweep.tiny_backbone("CLIPBackbone")
 
 
-def test_the_wrap_sweep_row_of_a_small_model_has_equal_copies_and_both_skip_counts():
+def test_the_wrap_sweep_row_of_a_small_model_keeps_its_weights_and_has_both_skip_counts():
     import keras
 
     from benchmarks import wrap_sweep
@@ -386,7 +386,7 @@ def test_the_wrap_sweep_row_of_a_small_model_has_equal_copies_and_both_skip_coun
         return keras.Model(inputs, keras.layers.Dense(10, dtype="float32")(pooled))
 
     row = wrap_sweep.try_model(make, steps=3)
-    assert row["weights_equal"] and row["outputs_equal"] and row["shared_layers"] == 0
+    assert row["weights_equal"] and row["outputs_equal"] and row["warnings"] == 0
     assert row["scales"] == 3  # the loss, the convolution, the head
     # Standard-normal inputs through three small layers: every gradient times either
     # optimizer's first scale (2^15) stays finite in float16, so no step is skipped.

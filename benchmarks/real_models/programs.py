@@ -63,8 +63,8 @@ def same_program(hlo: str, other: str) -> bool:
     instruction for instruction, and the same instructions in the entry
     computation, in any order. Names are replaced by their order of first
     appearance, and the metadata (which names the Keras layers) is left out.
-    A wrapped model passes its variables in another order (`AdaptiveScaled`
-    reads a layer's non-trainable state before calling it), which renumbers
+    An instrumented model may pass its variables in another order (its hooks
+    read a layer's non-trainable state before calling it), which renumbers
     the entry's parameters and nothing else."""
     return _program_of(hlo) == _program_of(other)
 
