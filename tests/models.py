@@ -4,11 +4,14 @@ Each builder returns `(model, x, y)`: a built model (not yet wrapped) and a
 batch of data it trains on. `y` may be a list for several outputs.
 """
 
+import json
+
 import keras
 import numpy as np
 from keras import layers
 
 from keras_als import _entries, policies
+from keras_als._keras_private import own_weights
 
 
 def _rng():
@@ -179,6 +182,21 @@ def all_layers(model):
         yield layer
         if isinstance(layer, keras.Model):
             yield from all_layers(layer)
+
+
+def description(model):
+    """What `wrap_model` must leave as it was: class, config and variable paths."""
+    return (
+        type(model),
+        json.dumps(model.get_config(), sort_keys=True, default=str),
+        [w.path for w in model.weights],
+    )
+
+
+def scaled_layers(model):
+    """Layers of `model` at any depth that own trainable weights (each gets a scale)."""
+    layers = model._flatten_layers(include_self=False)
+    return [layer for layer in layers if any(w.trainable for w in own_weights(layer))]
 
 
 def scale_names(model):

@@ -43,22 +43,6 @@ def _compile(model, name, optimizer):
     model.compile(optimizer=optimizer, **({"loss": loss} if loss is not None else {}))
 
 
-def _description(model):
-    return (
-        type(model),
-        json.dumps(model.get_config(), sort_keys=True, default=str),
-        [w.path for w in model.weights],
-    )
-
-
-def _scaled_layers(model):
-    """Layers at any depth that own trainable weights (each should get a scale)."""
-    from keras_als._keras_private import own_weights
-
-    layers = model._flatten_layers(include_self=False)
-    return [layer for layer in layers if any(w.trainable for w in own_weights(layer))]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_a_task_keeps_its_class_config_and_paths_and_trains_under_mixed_float16(name):
@@ -67,9 +51,9 @@ def test_a_task_keeps_its_class_config_and_paths_and_trains_under_mixed_float16(
     gets a scale; its own loss falls over six steps and no more steps are
     skipped than Keras's LossScaleOptimizer skips on the same task."""
     model = _build(name, "mixed_float16")
-    before, weights = _description(model), list(model.weights)
+    before, weights = models.description(model), list(model.weights)
     assert keras_als.wrap_model(model) is model
-    assert _description(model) == before
+    assert models.description(model) == before
     assert all(a is b for a, b in zip(model.weights, weights, strict=True))
 
     x, y = TASKS[name][1]()
@@ -77,7 +61,7 @@ def test_a_task_keeps_its_class_config_and_paths_and_trains_under_mixed_float16(
     _compile(model, name, optimizer)
     losses = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
     assert losses[-1] < losses[0], losses
-    assert len(optimizer.layer_scales()) - 1 == len(_scaled_layers(model))
+    assert len(optimizer.layer_scales()) - 1 == len(models.scaled_layers(model))
 
     keras_model = _build(name, "mixed_float16")
     _compile(keras_model, name, keras.optimizers.Adam(1e-3))  # Keras's LossScaleOptimizer

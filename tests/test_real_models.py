@@ -20,7 +20,6 @@ import keras_als
 from benchmarks import wrap_sweep
 from benchmarks.real_models import architectures, programs, skips
 from keras_als import _scale_state, policies
-from keras_als._keras_private import own_weights
 from tests import models
 
 pytest.importorskip("keras_hub")
@@ -47,26 +46,12 @@ def _twice(build):
     return model, plain
 
 
-def _description(model):
-    return (
-        type(model),
-        json.dumps(model.get_config(), sort_keys=True, default=str),
-        [w.path for w in model.weights],
-    )
-
-
-def _scaled_layers(model):
-    """Layers at any depth that own trainable weights (each should get a scale)."""
-    layers = model._flatten_layers(include_self=False)
-    return [layer for layer in layers if any(w.trainable for w in own_weights(layer))]
-
-
 def _wrap_in_place(model):
     """`wrap_model(model)`, checked to keep every weight object, path and order,
     the model's class and its config."""
-    before, weights = _description(model), list(model.weights)
+    before, weights = models.description(model), list(model.weights)
     assert keras_als.wrap_model(model) is model
-    assert _description(model) == before
+    assert models.description(model) == before
     assert all(a is b for a, b in zip(model.weights, weights, strict=True))
     return model
 
@@ -77,7 +62,7 @@ def _assert_same_outputs(model, plain, x):
     how TensorFlow fuses the graph), and every layer with trainable weights of
     its own, nested ones included, has a scale name."""
     np.testing.assert_allclose(_outputs(model, x), _outputs(plain, x), rtol=1e-6, atol=1e-6)
-    assert len(models.scale_names(model)) == len(_scaled_layers(model))
+    assert len(models.scale_names(model)) == len(models.scaled_layers(model))
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -111,7 +96,7 @@ def test_a_residual_trunk_gets_a_scale_component_per_layer_with_weights():
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.0))
     x, y = architectures.data("resnet50_v2", 1)
     _train(model, optimizer, x, y, steps=1, jit_compile=False)
-    weighted = _scaled_layers(model)
+    weighted = models.scaled_layers(model)
     scales = optimizer.layer_scales()
     assert sorted(scales) == sorted(["loss", *models.scale_names(model)])
     assert len(scales) - 1 == len(weighted)
@@ -139,7 +124,7 @@ def test_on_a_real_model_the_optimizer_adds_one_variable_to_keras_s_whatever_its
         return [v.path.split("/")[-1] for v in optimizer.variables]
 
     assert sorted(names(ours)) == sorted([*names(theirs), "scale_state"])
-    assert len(ours.layer_scales()) - 1 == len(_scaled_layers(model)) >= 7
+    assert len(ours.layer_scales()) - 1 == len(models.scaled_layers(model)) >= 7
     entries = 1 + len(model.trainable_variables)
     table = len(_scale_state.PER_SCALE) * entries
     assert ours.scale_state.shape == (table + _scale_state._COUNTED,)
@@ -363,7 +348,7 @@ def test_a_llama_backbone_whose_layer_configs_do_not_round_trip_wraps_in_place_a
         _wrap_in_place(model)
     x = {key: np.ones((2, architectures.SEQUENCE), "int32") for key in model.input}
     _assert_same_outputs(model, plain, x)
-    assert len(_scaled_layers(model)) >= 2 * 7  # q, k, v, o and three feed-forward per block
+    assert len(models.scaled_layers(model)) >= 2 * 7  # q, k, v, o and three feed-forward per block
 
     keras.config.set_dtype_policy("mixed_float16")
     try:
@@ -382,7 +367,7 @@ def test_a_llama_backbone_whose_layer_configs_do_not_round_trip_wraps_in_place_a
         losses = [model.train_on_batch(inputs, labels) for _ in range(4)]
     finally:
         keras.config.set_dtype_policy("float32")
-    assert len(optimizer.layer_scales()) - 1 == len(_scaled_layers(model))
+    assert len(optimizer.layer_scales()) - 1 == len(models.scaled_layers(model))
     assert int(optimizer.skipped_steps.numpy()) <= 1
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
 
