@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import keras_als
 from benchmarks.real_models.architectures import BATCH, batch, build, data
+from keras_als import _scale_state
 
 
 def skipped(optimizer, steps: int) -> int:
@@ -42,9 +43,15 @@ def skip_trace(
     ours = isinstance(optimizer, keras_als.AdaptiveLossScaleOptimizer)
     run = SkipRun([], [], [])
     for i in range(steps):
-        if ours and (i == 0 or int(optimizer.steps_until_measuring.numpy()) == 0):
+        # Before its first step the optimizer has no state yet: that step measures.
+        if ours and (i == 0 or _measures_next(optimizer)):
             run.measured.append(i)
         loss = model.train_on_batch(batch(x, i), y[i * BATCH : (i + 1) * BATCH])
         run.losses.append(float(loss))
         run.skipped.append(skipped(optimizer, i + 1))
     return run
+
+
+def _measures_next(optimizer) -> bool:
+    """Whether keras_als's next step measures the gradients."""
+    return int(_scale_state.counter(optimizer, "steps_until_measuring").numpy()) == 0
