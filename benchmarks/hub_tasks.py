@@ -43,7 +43,9 @@ def _resnet_encoder(image_shape):
     )
 
 
-def retinanet(num_classes: int = 10) -> keras.Model:
+def retinanet(
+    num_classes: int = 10, min_level: int = 3, num_scales: int = 1, anchor_size: float = 1
+) -> keras.Model:
     """A RetinaNet on a tiny ResNet: feature levels 3 and 4 (6x6 and 3x3 on a
     48x48 canvas), anchors of 8 and 16 pixels at three aspect ratios, as the
     pasted digits (8 to 20 pixels a side) need; boxes as pixel corners (`xyxy`).
@@ -58,13 +60,18 @@ def retinanet(num_classes: int = 10) -> keras.Model:
     shape = (IMAGE, IMAGE, 3)
     backbone = keras_hub.models.RetinaNetBackbone(
         image_encoder=_resnet_encoder(shape),
-        min_level=3,
+        min_level=min_level,
         max_level=4,
         use_p5=False,
         image_shape=shape,
     )
     anchors = keras_hub.layers.AnchorGenerator(
-        "xyxy", min_level=3, max_level=4, num_scales=1, aspect_ratios=[0.5, 1.0, 2.0], anchor_size=1
+        "xyxy",
+        min_level=min_level,
+        max_level=4,
+        num_scales=num_scales,
+        aspect_ratios=[0.5, 1.0, 2.0],
+        anchor_size=anchor_size,
     )
     return keras_hub.models.RetinaNetObjectDetector(
         backbone=backbone,
@@ -180,12 +187,25 @@ def classification_data(count: int = 32):
     return images, targets["labels"][:, 0].astype(np.int32)
 
 
+PRETRAINING_MODULES = (
+    "argparse",
+    "collections",
+    "functools",
+    "inspect",
+    "json",
+    "pathlib",
+    "textwrap",
+)
+"""The modules whose docstrings the language models train on (`standard_library_text`)."""
+FINE_TUNING_MODULES = ("email.message", "http.client", "logging", "typing", "unittest", "zipfile")
+"""Other modules' docstrings: the text the LoRA fine-tuning study adapts a model to."""
+
+
 @functools.cache
-def standard_library_text() -> bytes:
-    """The docstrings of a fixed list of Python's standard-library modules, as UTF-8 bytes."""
-    names = ("argparse", "collections", "functools", "inspect", "json", "pathlib", "textwrap")
+def standard_library_text(modules: tuple[str, ...] = PRETRAINING_MODULES) -> bytes:
+    """The docstrings of the public callables of `modules`, in name order, as UTF-8 bytes."""
     parts = []
-    for name in names:
+    for name in modules:
         module = importlib.import_module(name)
         for _, member in sorted(vars(module).items()):
             doc = inspect.getdoc(member) if callable(member) else None
@@ -194,9 +214,10 @@ def standard_library_text() -> bytes:
     return "\n\n".join(parts).encode("utf-8")
 
 
-def text_batches(count: int, seed: int = 0, length: int = SEQUENCE):
-    """`(x, y)` for a causal LM: `count` byte windows of the standard library's
-    docstrings at random offsets, and each window's next byte at every position.
+def text_batches(count: int, seed: int = 0, length: int = SEQUENCE, text: bytes | None = None):
+    """`(x, y)` for a causal LM: `count` byte windows of `text` (the standard
+    library's docstrings by default) at random offsets, and each window's next
+    byte at every position.
 
     Example:
 
@@ -204,7 +225,8 @@ def text_batches(count: int, seed: int = 0, length: int = SEQUENCE):
     >>> x["token_ids"].shape, y.shape, bool((x["token_ids"][:, 1:] == y[:, :-1]).all())
     ((2, 32), (2, 32), True)
     """
-    data = np.frombuffer(standard_library_text(), np.uint8).astype(np.int32)
+    text = standard_library_text() if text is None else text
+    data = np.frombuffer(text, np.uint8).astype(np.int32)
     starts = np.random.default_rng(seed).integers(0, len(data) - length - 1, count)
     tokens = np.stack([data[s : s + length + 1] for s in starts])
     x = {"token_ids": tokens[:, :-1], "padding_mask": np.ones((count, length), bool)}

@@ -190,14 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         results["command"] = command
         results["machine"] = provenance.environment()
         results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    judged = targets.targets(
-        results["measurements"],
-        results["hard"],
-        results["runs"],
-        results["timings"],
-        results["sweep"],
-        results["memory"],
-    )
+    judged = targets.judge(results)
     images = plots.save_all(results["runs"], results["measurements"], folder)
     separate = results_md.separate_sections(folder)
     text = results_md.markdown(results, judged, command, images, separate)

@@ -334,9 +334,7 @@ def test_measuring_one_methods_skips_keeps_the_others_row_or_says_there_is_none(
     with pytest.raises(ValueError, match="--methods takes keras, keras_als or both"):
         command.main(["--parts", "skips", "--methods", "als", "--out", out])
     with pytest.raises(ValueError, match="no row of keras with 3 steps to keep"):
-        command.main(
-            ["--parts", "skips", "--methods", "keras_als", "--steps", "3", "--out", out]
-        )
+        command.main(["--parts", "skips", "--methods", "keras_als", "--steps", "3", "--out", out])
 
 
 def test_the_kernels_of_a_compiled_step_are_its_entry_instructions_that_run_work():

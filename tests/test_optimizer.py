@@ -17,6 +17,7 @@ from tests import models
 
 KERAS_VERSION = tuple(int(part) for part in keras.version().split(".")[:2])
 
+
 def test_config_round_trip_keeps_the_policy_and_the_inner_optimizer():
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
         keras.optimizers.Adam(3e-4),
@@ -290,9 +291,7 @@ def _conditionals_holding(hlo: str, op_name_part: str) -> int:
 
 
 @pytest.mark.parametrize(("in_branch", "held"), [("matmul", 1), ("elementwise", 0)])
-def test_conditionals_holding_counts_a_conditional_whose_branch_holds_the_update(
-    in_branch, held
-):
+def test_conditionals_holding_counts_a_conditional_whose_branch_holds_the_update(in_branch, held):
     # The positive control of the test below: a Keras Adam update in a `tf.cond`
     # of a compiled function. With a matrix product in the branch XLA keeps it a
     # conditional, which must be counted; with elementwise work only, XLA makes

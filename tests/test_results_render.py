@@ -26,14 +26,7 @@ def test_results_md_renders_from_results_json_as_committed():
     from benchmarks.suite import results_md, targets
 
     results = results_md.load(str(RESULTS / "results.json"))
-    judged = targets.targets(
-        results["measurements"],
-        results["hard"],
-        results["runs"],
-        results["timings"],
-        results["sweep"],
-        results["memory"],
-    )
+    judged = targets.judge(results)
     text = results_md.markdown(
         results,
         judged,
@@ -87,6 +80,15 @@ def _real_models() -> str:
     return report.markdown(_json("real_models.json"))
 
 
+def _keras_hub_task(name: str):
+    def render() -> str:
+        from benchmarks.keras_hub_tasks import report
+
+        return report.markdown(_json(f"{name}.json"))
+
+    return render
+
+
 def _step_profile() -> str:
     from benchmarks import step_profile
 
@@ -101,6 +103,8 @@ def _step_profile() -> str:
         ("loss_span.md", _loss_span),
         ("loss_span_float16_heads.md", _loss_span_float16_heads),
         ("hard_outcomes.md", _hard_outcomes),
+        ("retinanet.md", _keras_hub_task("retinanet")),
+        ("lora.md", _keras_hub_task("lora")),
         ("real_models.md", _real_models),
         ("step_profile.md", _step_profile),
     ],

@@ -57,4 +57,3 @@ def in_build_order(methods: tuple, k: int) -> tuple:
 def set_seed(seed: int) -> None:
     """Seeds Python, NumPy and TensorFlow through Keras."""
     keras.utils.set_random_seed(seed)
-

@@ -43,4 +43,3 @@ def environment() -> str:
         f"{platform.platform()}); Python {platform.python_version()}, TensorFlow "
         f"{tf.__version__}, Keras {keras.__version__}, NumPy {np.__version__}"
     )
-

@@ -186,4 +186,3 @@ def scale_loss(optimizer: keras.optimizers.Optimizer, loss: tf.Tensor) -> tf.Ten
 def skipped_steps(optimizer: keras.optimizers.Optimizer, steps_run: int) -> int:
     """Steps run but not applied (non-finite gradients): `steps_run - iterations`."""
     return int(steps_run) - int(keras.ops.convert_to_numpy(optimizer.iterations))
-

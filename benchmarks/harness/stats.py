@@ -23,5 +23,3 @@ def paired_by_seed(ours: dict, theirs: dict, scale: float = 1.0) -> tuple[float,
     if not differences or not all(math.isfinite(d) for d in differences):
         return float("nan"), float("nan"), len(differences)
     return (*mean_and_standard_error(differences), len(differences))
-
-

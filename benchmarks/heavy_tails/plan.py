@@ -134,6 +134,7 @@ def teacher_mlp(layers: int = 10, width: int = 64) -> keras.Model:
         + [keras.layers.Dense(1, dtype="float32")]
     )
 
+
 KNOWN = {s.name: s for s in SETTINGS + EXTRA_SETTINGS}
 
 

@@ -18,6 +18,8 @@ SEPARATE = (
     "hard_outcomes",
     "detection",
     "heavy_tails",
+    "retinanet",
+    "lora",
     "real_models",
     "step_profile",
     "wrap_sweep",

@@ -223,3 +223,15 @@ def targets(
         target_step_time(timings, sweep),
         target_memory(memory),
     ]
+
+
+def judge(results: dict) -> list[Target]:
+    """All five targets of a suite run's results (`benchmarks.run`'s, or results.json loaded)."""
+    return targets(
+        results["measurements"],
+        results["hard"],
+        results["runs"],
+        results["timings"],
+        results["sweep"],
+        results["memory"],
+    )

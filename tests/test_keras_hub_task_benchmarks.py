@@ -1,0 +1,126 @@
+"""The KerasHub task studies (`benchmarks.keras_hub_tasks`): their comparisons
+against closed-form values, the methods' set-up, and a quick run end to end."""
+
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from benchmarks.keras_hub_tasks import report, training
+
+
+def _run(method, seed, outcome, blocks=(9.0, 1.0, 1.0), compile_seconds=8.0, skipped=0):
+    return training.Run(
+        method=method,
+        seed=seed,
+        outcome=outcome,
+        final_loss=1.0,
+        steps=30,
+        skipped=skipped,
+        finite_weights=math.isfinite(outcome),
+        step_seconds=0.1,
+        compile_seconds=compile_seconds,
+        block_seconds=list(blocks),
+        losses=[1.0, 1.0, 1.0],
+        scales=1,
+    )
+
+
+def _pairs(ours, theirs, **ours_kwargs):
+    runs = [_run("keras_lso", s, v) for s, v in enumerate(theirs)]
+    return runs + [_run("als_max_safe", s, v, **ours_kwargs) for s, v in enumerate(ours)]
+
+
+def test_the_paired_outcome_is_the_mean_and_standard_error_of_the_seed_differences():
+    # differences 10, 20, 30 points: mean 20, s.e. 10 / sqrt(3) = 5.8
+    lines = report.comparisons(_pairs([0.5, 0.6, 0.7], [0.4, 0.4, 0.4]), report.MAP)
+    assert "keras_als minus Keras LSO +20 ± 5.8 points (better than Keras LSO's)" in lines[2]
+
+
+def test_a_lower_loss_is_better_and_a_small_difference_is_a_tie():
+    worse = report.comparisons(_pairs([2.1, 2.2, 2.3], [2.0, 2.0, 2.0]), report.HELD_OUT_LOSS)
+    assert "(worse than Keras LSO's)" in worse[2]
+    tie = report.comparisons(_pairs([2.0, 2.1, 1.95], [2.0, 2.0, 2.0]), report.HELD_OUT_LOSS)
+    assert "(a tie within two standard errors)" in tie[2]
+
+
+def test_step_and_compile_ratios_leave_the_compiling_block_out_and_pair_by_seed():
+    # ours: compiled blocks 1.5 + 1.5 against 1 + 1 -> 1.5x; compile 12 / 8 -> 1.5x
+    runs = _pairs([0.5, 0.5], [0.5, 0.5], blocks=(100.0, 1.5, 1.5), compile_seconds=12.0)
+    lines = report.comparisons(runs, report.MAP)
+    assert "step time: keras_als / Keras LSO 1.500x ± 0.000" in lines[4]
+    assert "compile time (the first block's extra time): 1.500x ± 0.000" in lines[5]
+
+
+def test_the_table_has_a_row_per_method_in_order_and_counts_non_finite_runs():
+    runs = [_run(m.name, s, 0.5) for m in training.METHODS for s in (0, 1)]
+    runs[2] = _run("mixed_no_scaling", 0, float("nan"))
+    lines = report.table(runs, report.MAP, training.METHODS)
+    rows = lines[2:]
+    assert [r.split(" | ")[0][2:] for r in rows] == [m.label for m in training.METHODS]
+    assert "| 1 of 2 |" in rows[1] and "(1 not finite)" in rows[1]
+    assert "| 0 of 2 |" in rows[0]
+
+
+def test_an_arm_trains_its_method_s_way_and_the_no_scaling_row_keeps_its_bare_optimizer():
+    def build():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+
+    weights = build().get_weights()
+    arms = [
+        training.arm(m, build, weights, keras.optimizers.SGD(0.0), loss="mse")
+        for m in training.METHODS
+    ]
+    assert type(arms[1].model.optimizer) is keras.optimizers.SGD  # not Keras's LSO
+    assert arms[1].model.layers[0].compute_dtype == "float16"
+    assert type(arms[2].model.optimizer) is keras.optimizers.LossScaleOptimizer
+    x = 0.01 * np.random.default_rng(0).normal(size=(32, 4)).astype("float32")  # no overflow
+    training.train(arms, lambda b: (x, x[:, :1]), blocks=2, batch=8)  # same weights, same loss
+    for a in arms:
+        assert len(a.block_seconds) == 2 and len(a.block_losses) == 2
+        np.testing.assert_allclose(a.block_losses[0], arms[0].block_losses[0], rtol=1e-2)
+    runs = [training.record(a, 0, 0.0, steps_per_block=4) for a in arms]
+    assert [r.skipped for r in runs] == [0, 0, 0, 0]
+    assert [r.scales for r in runs] == [0, 0, 1, 3]
+
+
+@pytest.mark.slow
+def test_the_lora_study_runs_quick_end_to_end_and_renders_from_its_json(tmp_path):
+    pytest.importorskip("keras_hub")
+    from benchmarks.keras_hub_tasks import command
+
+    assert command.main(["lora", "--quick", "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "lora.json").read_text())
+    assert [r["method"] for r in saved["runs"]] == [m.name for m in training.METHODS]
+    assert all(math.isfinite(r["outcome"]) for r in saved["runs"])
+    float32, ours = saved["runs"][0], saved["runs"][3]
+    assert ours["scales"] > 4  # per projection inside the blocks
+    assert float32["outcome"] < saved["pretrained_held_out_loss"][0] + 0.5
+    assert report.markdown(saved) == (tmp_path / "lora.md").read_text()
+
+
+def test_decoded_ground_truth_scores_a_map_of_one_and_shifted_boxes_score_less():
+    from benchmarks import hub_tasks
+    from benchmarks.detection import canvases, metric
+    from benchmarks.keras_hub_tasks import retinanet
+
+    truth = canvases.split("validation")
+    _, targets = hub_tasks.detection_data("validation")  # pixel boxes, labels padded with -1
+    count = (targets["labels"] >= 0).sum(axis=1)
+    found = {
+        "boxes": targets["boxes"],
+        "labels": np.maximum(targets["labels"], 0),
+        "confidence": np.ones_like(targets["labels"]),
+        "num_detections": count,
+    }
+    perfect, _ = metric.mean_average_precision(
+        retinanet.detections(found), truth.boxes, truth.labels
+    )
+    assert perfect == pytest.approx(1.0)
+    found["boxes"] = targets["boxes"] + 6.0  # six pixels off: many IoUs below 0.5
+    shifted, _ = metric.mean_average_precision(
+        retinanet.detections(found), truth.boxes, truth.labels
+    )
+    assert shifted < 0.9
