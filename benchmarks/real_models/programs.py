@@ -34,13 +34,18 @@ def step_kernels(name: str) -> dict:
     cost in a step time is the measurement's noise.
 
     On a CPU each kernel has a fixed cost besides its work, so on a short step
-    this count tells what the step time cannot resolve.
+    this count tells what the step time cannot resolve. The size of each
+    whole program (`instructions_of`, `fusions_of`, branches included) is
+    what XLA compiles: the compile time grows with it.
     """
     plain = compiled_step(name, "keras")
+    ours = compiled_step(name, "keras_als")
     counts = {
         "keras": kernels_of(plain),
-        "keras_als": kernels_of(compiled_step(name, "keras_als")),
+        "keras_als": kernels_of(ours),
         "wrapper_only_same_program": same_program(plain, compiled_step(name, "keras", wrap=True)),
+        "instructions": {"keras": instructions_of(plain), "keras_als": instructions_of(ours)},
+        "fusions": {"keras": fusions_of(plain), "keras_als": fusions_of(ours)},
     }
     return counts
 
@@ -123,6 +128,20 @@ def kernels_of(hlo: str) -> int:
         opcode = _opcode(right)
         count += bool(opcode) and opcode not in NOT_KERNELS
     return count
+
+
+def instructions_of(hlo: str) -> int:
+    """Instructions of optimized HLO text, in every computation (branches and
+    fused computations included)."""
+    lines = [line.partition(" = ")[2] for line in hlo.splitlines() if " = " in line]
+    return sum(bool(_opcode(line)) for line in lines)
+
+
+def fusions_of(hlo: str) -> int:
+    """Fusion instructions of optimized HLO text: the kernels XLA generates code for."""
+    return sum(
+        _opcode(line.partition(" = ")[2]) == "fusion" for line in hlo.splitlines() if " = " in line
+    )
 
 
 def _opcode(instruction: str) -> str:

@@ -157,6 +157,7 @@ def markdown(results: dict) -> str:
             lines.append(f"| {name} | " + " | ".join(_breakdown_cells(models[name])) + " |")
     counted = {n: r["graph_ops"] for n, r in models.items() if "graph_ops" in r}
     if counted:
+        sized = any("fusions" in models[n].get("step_kernels", {}) for n in counted)
         lines += [
             "",
             "Operations in the traced training step, branches included (`--parts graph`), "
@@ -165,11 +166,19 @@ def markdown(results: dict) -> str:
             "counted; each has a fixed cost on a CPU); and whether the wrapped model with "
             "Keras's optimizer compiles to the plain model's program (`same_program`: the "
             "same computations and entry instructions, names and parameter order aside; then what "
-            "`wrapper_only` seems to cost above is the measurement's noise):",
+            "`wrapper_only` seems to cost above is the measurement's noise)"
+            + (
+                "; and the fusions of each whole compiled program, branches included: "
+                "the kernels XLA generates code for, which its compile time grows with "
+                "(real_models.json also has each program's HLO instructions):"
+                if sized
+                else ":"
+            ),
             "",
             "| model | operations: Keras | keras_als | kernels: Keras | keras_als "
-            "| wrapped model, Keras's optimizer: the plain model's program |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| wrapped model, Keras's optimizer: the plain model's program |"
+            + (" fusions: Keras | keras_als |" * sized),
+            "| --- | --- | --- | --- | --- | --- |" + (" --- | --- |" * sized),
         ]
         for name, ops in counted.items():
             ratio = ops["keras_als"] / ops["keras"]
@@ -178,5 +187,13 @@ def markdown(results: dict) -> str:
             cells += [f"{kernels['keras']}", f"{kernels['keras_als']}"] if kernels else ["-", "-"]
             same = (kernels or {}).get("wrapper_only_same_program")
             cells.append({True: "yes", False: "no", None: "-"}[same])
+            if sized:
+                fused = (kernels or {}).get("fusions")
+                ours = _times(fused["keras_als"], fused["keras"]) if fused else "-"
+                cells += [str(fused["keras"]) if fused else "-", ours]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _times(value: int, reference: int) -> str:
+    return f"{value} ({value / reference:.2f}x)"
