@@ -23,3 +23,17 @@ def paired_by_seed(ours: dict, theirs: dict, scale: float = 1.0) -> tuple[float,
     if not differences or not all(math.isfinite(d) for d in differences):
         return float("nan"), float("nan"), len(differences)
     return (*mean_and_standard_error(differences), len(differences))
+
+
+def mean_sd(values: list[float], digits: int) -> str:
+    """`"mean ± sd"` of the finite `values` to `digits` decimals, saying how many
+    were not finite; `"not finite"` when none is."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "not finite"
+    text = f"{statistics.fmean(finite):.{digits}f}"
+    if len(finite) > 1:
+        text += f" ± {statistics.stdev(finite):.{digits}f}"
+    if len(finite) < len(values):
+        text += f" ({len(values) - len(finite)} not finite)"
+    return text

@@ -83,18 +83,6 @@ def judge(runs: list[Run], setting: str) -> Verdict:
     return Verdict(setting, skips_ok and outcome_ok, skips, text)
 
 
-def _mean_sd(values: list[float], digits: int) -> str:
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return "not finite"
-    text = f"{statistics.fmean(finite):.{digits}f}"
-    if len(finite) > 1:
-        text += f" ± {statistics.stdev(finite):.{digits}f}"
-    if len(finite) < len(values):
-        text += f" ({len(values) - len(finite)} not finite)"
-    return text
-
-
 def table(runs: list[Run], setting: Setting) -> list[str]:
     """The markdown table of one setting: one row per method."""
     mine = [r for r in runs if r.setting == setting.name]
@@ -121,7 +109,7 @@ def table(runs: list[Run], setting: Setting) -> list[str]:
         skipped = [r.skipped for r in rs]
         in_spikes = sum(r.skipped_in_spike_batches for r in rs)
         lines.append(
-            f"| {METHOD_LABELS[method]} | {_mean_sd(values, 4 if loss else 2)} "
+            f"| {METHOD_LABELS[method]} | {stats.mean_sd(values, 4 if loss else 2)} "
             f"| {statistics.fmean(skipped):.1f} ({min(skipped)}-{max(skipped)}) "
             f"| {in_spikes} of {sum(skipped)} "
             f"| {sum(not r.finite_weights for r in rs)} of {len(rs)} "

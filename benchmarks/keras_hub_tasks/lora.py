@@ -100,7 +100,7 @@ def run_seed(
 
 def held_out_loss(weights: list[np.ndarray], held_out: tuple) -> float:
     """Cross-entropy per byte of `weights` on `held_out`, in a float32 model."""
-    if not all(np.isfinite(w).all() for w in weights):
+    if not training.finite(weights):
         return float("nan")
     with scaling.precision("float32"):
         model = with_lora(hub_tasks.gemma_causal_lm())

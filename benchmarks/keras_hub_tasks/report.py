@@ -36,18 +36,6 @@ SECTIONS = {
 """Each study's section title and outcome."""
 
 
-def _mean_sd(values: list[float], digits: int) -> str:
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return "not finite"
-    text = f"{statistics.fmean(finite):.{digits}f}"
-    if len(finite) > 1:
-        text += f" ± {statistics.stdev(finite):.{digits}f}"
-    if len(finite) < len(values):
-        text += f" ({len(values) - len(finite)} not finite)"
-    return text
-
-
 def table(runs: list[Run], outcome: Outcome, methods: tuple[scaling.Method, ...]) -> list[str]:
     """One row per method: outcome, final loss, skips, non-finite runs, step and compile time."""
     lines = [
@@ -63,8 +51,8 @@ def table(runs: list[Run], outcome: Outcome, methods: tuple[scaling.Method, ...]
         skipped = [r.skipped for r in mine]
         lines.append(
             f"| {method.label} "
-            f"| {_mean_sd([outcome.factor * r.outcome for r in mine], outcome.digits)} "
-            f"| {_mean_sd([r.final_loss for r in mine], 4)} "
+            f"| {stats.mean_sd([outcome.factor * r.outcome for r in mine], outcome.digits)} "
+            f"| {stats.mean_sd([r.final_loss for r in mine], 4)} "
             f"| {statistics.fmean(skipped):.1f} ({min(skipped)}-{max(skipped)}) "
             f"| {sum(not r.finite_weights for r in mine)} of {len(mine)} "
             f"| {1000 * statistics.fmean(r.step_seconds for r in mine):.1f} "

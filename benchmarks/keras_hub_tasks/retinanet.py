@@ -84,7 +84,7 @@ def held_out_map(model: keras.Model, split: str = "test") -> float:
     """mAP at IoU 0.5 of `model`'s weights on the held-out canvases (or those of
     another `split`), in float32 (0..1)."""
     weights = model.get_weights()
-    if not all(np.isfinite(w).all() for w in weights):
+    if not training.finite(weights):
         return float("nan")
     with scaling.precision("float32"):
         copy = detector()

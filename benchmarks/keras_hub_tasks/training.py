@@ -47,7 +47,7 @@ class Arm:
         return 0
 
     def finite_weights(self) -> bool:
-        return all(np.isfinite(w).all() for w in self.model.get_weights())
+        return finite(self.model.get_weights())
 
     def compiled_block_seconds(self) -> float:
         """Mean wall time of the blocks after the first (compiled ones)."""
@@ -56,6 +56,11 @@ class Arm:
     def compile_seconds(self) -> float:
         """The first block's wall time beyond that of a compiled block: tracing and compiling."""
         return self.block_seconds[0] - self.compiled_block_seconds()
+
+
+def finite(weights: list[np.ndarray]) -> bool:
+    """Whether every value of every weight is finite."""
+    return all(np.isfinite(w).all() for w in weights)
 
 
 def arm(
