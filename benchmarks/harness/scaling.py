@@ -186,3 +186,11 @@ def scale_loss(optimizer: keras.optimizers.Optimizer, loss: tf.Tensor) -> tf.Ten
 def skipped_steps(optimizer: keras.optimizers.Optimizer, steps_run: int) -> int:
     """Steps run but not applied (non-finite gradients): `steps_run - iterations`."""
     return int(steps_run) - int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+def skipped(optimizer: keras.optimizers.Optimizer, steps: int) -> int:
+    """Steps skipped so far after `steps` steps: keras_als's own `skipped_steps`
+    counter; for any other optimizer, `skipped_steps` (steps run - iterations)."""
+    if isinstance(optimizer, keras_als.AdaptiveLossScaleOptimizer):
+        return int(optimizer.skipped_steps.numpy())
+    return skipped_steps(optimizer, steps)

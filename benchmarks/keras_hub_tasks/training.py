@@ -39,12 +39,8 @@ class Arm:
 
     def skipped(self, steps: int) -> int:
         """Steps not applied: keras_als's `skipped_steps`; for Keras's optimizer,
-        steps run minus its `iterations`; 0 for the methods that never skip."""
-        if isinstance(self.optimizer, keras_als.AdaptiveLossScaleOptimizer):
-            return int(self.optimizer.skipped_steps.numpy())
-        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            return steps - int(self.optimizer.iterations.numpy())
-        return 0
+        steps run minus its `iterations` (0 for the methods that never skip)."""
+        return scaling.skipped(self.optimizer, steps)
 
     def finite_weights(self) -> bool:
         return finite(self.model.get_weights())

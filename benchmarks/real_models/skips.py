@@ -5,15 +5,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import keras_als
+from benchmarks.harness.scaling import skipped
 from benchmarks.real_models.architectures import BATCH, batch, build, data
 from keras_als import _scale_state
-
-
-def skipped(optimizer, steps: int) -> int:
-    """Steps skipped so far by either optimizer, after `steps` steps."""
-    if isinstance(optimizer, keras_als.AdaptiveLossScaleOptimizer):
-        return int(optimizer.skipped_steps.numpy())
-    return steps - int(optimizer.iterations.numpy())
 
 
 class SkipRun(NamedTuple):
