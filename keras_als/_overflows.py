@@ -41,6 +41,7 @@ def back_off(scale: tf.Tensor, safe_scale: tf.Tensor) -> tf.Tensor:
     safe_scale = tf.convert_to_tensor(safe_scale, tf.float32)
     return power_of_two_floor(tf.minimum(scale * BACKOFF, safe_scale))
 
+
 class Headroom(NamedTuple):
     """Headroom learned from overflows, per component (the state of `after_overflow`).
 

@@ -227,4 +227,3 @@ def _output_layers(model: keras.Model) -> set[int]:
     if not isinstance(model, Functional):
         return set()
     return {id(producer(t)) for t in keras.tree.flatten(model.outputs)}
-

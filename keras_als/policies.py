@@ -128,6 +128,7 @@ def rise_after_first_update(proposed: tf.Tensor, scale: tf.Tensor, updated) -> t
     scale = tf.convert_to_tensor(scale, tf.float32)
     return tf.where(tf.convert_to_tensor(updated, tf.bool), proposed, tf.minimum(proposed, scale))
 
+
 _BY_NAME = types.MappingProxyType(
     {"max_safe": MaxSafe, "approx_range": ApproxRange, "fixed": Fixed}
 )

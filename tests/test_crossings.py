@@ -9,8 +9,10 @@ that at most that much of them stays alive.
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from keras_als import _crossings
+from keras_als import _crossings, _statistics
 
 
 def _branches(graph) -> int:
@@ -110,3 +112,32 @@ def test_under_xla_the_reductions_stay_in_a_branch_that_steps_not_measuring_skip
     assert hlo.count(" conditional(") == 1
     assert float(step(gradient, tf.constant(False))) == 0.0
     assert float(step(gradient, tf.constant(True))) == pytest.approx(2 * np.tanh(2.0), rel=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.sampled_from([0.0, 0.5, 3.0, 1e4, np.inf]), st.booleans()),
+        max_size=12,
+    )
+)
+def test_per_component_reductions_of_the_statistics_match_a_loop_over_components(rows):
+    """`measure` reduces every component's values at once, by a membership
+    mask: the largest value (0 for none), whether any flag holds, and the mean
+    are those of a loop over the components."""
+    n = 4
+    segments = [s for s, _, _ in rows]
+    values = np.array([v for _, v, _ in rows], np.float32)
+    flags = np.array([f for _, _, f in rows], bool)
+    largest = _statistics._segment_max(tf.constant(values), segments, n).numpy()
+    any_flag = _statistics._segment_any(tf.constant(flags), segments, n).numpy()
+    for i in range(n):
+        mine = [k for k, s in enumerate(segments) if s == i]
+        assert largest[i] == (max(values[mine]) if mine else 0.0)
+        assert any_flag[i] == any(flags[mine])
+    if rows and np.all(np.isfinite(values)):
+        mean = _statistics._segment_mean(tf.constant(values), segments, n).numpy()
+        for i in range(n):
+            mine = [k for k, s in enumerate(segments) if s == i]
+            expected = np.mean(values[mine]) if mine else 0.0
+            assert mean[i] == pytest.approx(expected, rel=1e-6)
