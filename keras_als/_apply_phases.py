@@ -154,8 +154,11 @@ def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, upda
         return _statistics.agree_across_replicas(statistics)
 
     def update(statistics):
-        proposed = _scale_state.choose_scales(optimizer, plan, statistics, finite, step, updated)
-        _scale_state.record_measurement(optimizer, plan, statistics, gradients)
+        proposed, rows = _scale_state.choose_scales(
+            optimizer, plan, statistics, finite, step, updated
+        )
+        rows.update(_scale_state.record_measurement(optimizer, plan, statistics, gradients))
+        _scale_state.write(plan, optimizer, rows)
         elapsed = _scale_state.counter(optimizer, "steps_since_measured") + 1
         period = next_period(plan.scales, proposed, elapsed, optimizer.measure_every_n_steps)
         return tf.where(updated, period, tf.ones_like(period))

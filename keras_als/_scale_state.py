@@ -16,7 +16,8 @@ of its entries:
 - `choose_scales` (measuring steps): the policy's next scales, with the
   headroom left;
 - `record_measurement` (measuring steps): which scales now come from a
-  measurement; the underflow shares, for the telemetry;
+  measurement; the underflow shares, for the telemetry (the caller `write`s
+  the rows of both in one assignment);
 - `learn_from_overflow` (skipped steps): back off, headroom, where the
   overflow started.
 
@@ -173,29 +174,21 @@ def per_component(plan, values) -> tf.Tensor:
     return tf.gather(tf.convert_to_tensor(values), [c.entry for c in plan.components])
 
 
-def write(plan, state, name: str, values) -> None:
-    """Writes each component's value (`values`) into every entry of row `name` it holds."""
-    _replace_row(state, name, _with_values(plan, row(state, name), tf.cast(values, tf.float32)))
-
-
-def assign_scales(state, plan, new) -> None:
-    """Writes the new scale of every component into each of its entries: the
-    loss's into Keras's `dynamic_scale`, every entry into row `"scale"`."""
-    updated = _with_values(plan, plan.scale_vector, new)
-    state.dynamic_scale.assign(updated[0])
-    _replace_row(state, "scale", updated)
-
-
-def _replace_row(state, name: str, new_row) -> None:
-    """Writes `new_row` as row `name` of the table."""
-    index = PER_SCALE.index(name)
-    assign(state, new_table=tf.tensor_scatter_nd_update(table(state), [[index]], new_row[None]))
-
-
-def _with_values(plan, vector, values) -> tf.Tensor:
-    """`vector` (one entry per scale) with each component's value in all its entries."""
+def write(plan, state, rows: dict) -> None:
+    """Writes each component's values into every entry it holds, for each row
+    of `rows` (`{name in PER_SCALE: one value per component}`), in one
+    assignment of the table."""
     entries, components = _entries_of(plan)
-    return tf.tensor_scatter_nd_update(vector, entries, tf.gather(values, components))
+    indices = [[PER_SCALE.index(name), entry] for name in rows for [entry] in entries]
+    values = tf.stack([tf.cast(rows[name], tf.float32) for name in rows])
+    updates = tf.reshape(tf.gather(values, components, axis=1), [-1])
+    assign(state, new_table=tf.tensor_scatter_nd_update(table(state), indices, updates))
+
+
+def assign_loss_scale(state, plan, new) -> None:
+    """Writes the new scale of the loss's component into Keras's `dynamic_scale`
+    (row `"scale"` holds the others: `write` it)."""
+    state.dynamic_scale.assign(tf.gather(new, plan.loss_component))
 
 
 def headroom_of(state, plan) -> policies.Headroom:
@@ -206,10 +199,12 @@ def headroom_of(state, plan) -> policies.Headroom:
     )
 
 
-def choose_scales(state, plan, statistics, finite, step, updated) -> tf.Tensor:
+def choose_scales(state, plan, statistics, finite, step, updated) -> tuple[tf.Tensor, dict]:
     """The policy's next scales, with the headroom left at `step`, none of them
-    raised before the first update (`policies.rise_after_first_update`);
-    assigns them and returns the policy's proposal."""
+    raised before the first update (`policies.rise_after_first_update`).
+
+    Assigns the loss's; returns the policy's proposal and the rows to `write`
+    (the new scales, and this step's as the last that was safe)."""
     headroom = policies.headroom_at(headroom_of(state, plan), step)
     proposed = policies.next_scale(state.policy, statistics, plan.scales, headroom)
     new = policies.rise_after_first_update(proposed, plan.scales, updated)
@@ -217,18 +212,18 @@ def choose_scales(state, plan, statistics, finite, step, updated) -> tf.Tensor:
     if _statistics.several_replicas():  # this runs on skipped steps too
         new = tf.where(finite, new, per_component(plan, vector(state)))
         safe = tf.where(finite, safe, per_component(plan, row(state, "safe_scale")))
-    write(plan, state, "safe_scale", safe)
-    assign_scales(state, plan, new)
-    return proposed
+    assign_loss_scale(state, plan, new)
+    return proposed, {"safe_scale": safe, "scale": new}
 
 
-def record_measurement(state, plan, statistics, gradients) -> None:
-    """Notes which scales now come from a measurement, and the underflow (telemetry)."""
+def record_measurement(state, plan, statistics, gradients) -> dict:
+    """The rows to `write`: which scales now come from a measurement, and the
+    underflow (telemetry)."""
     informed = tf.logical_and(tf.math.is_finite(statistics.amax), tf.logical_not(statistics.silent))
     was = per_component(plan, row(state, "measured"))
-    write(plan, state, "measured", tf.where(informed, tf.ones_like(was), was))
+    rows = {"measured": tf.where(informed, tf.ones_like(was), was)}
     if not state.estimate_underflow:
-        return
+        return rows
     subnormal, zero = _telemetry.underflow(
         plan,
         statistics,
@@ -239,8 +234,7 @@ def record_measurement(state, plan, statistics, gradients) -> None:
             per_component(plan, row(state, "zero_rates")),
         ),
     )
-    write(plan, state, "underflow_rates", subnormal)
-    write(plan, state, "zero_rates", zero)
+    return {**rows, "underflow_rates": subnormal, "zero_rates": zero}
 
 
 def learn_from_overflow(state, plan, reached, step) -> None:
@@ -253,7 +247,7 @@ def learn_from_overflow(state, plan, reached, step) -> None:
     telemetry notes the origin."""
     safe = per_component(plan, row(state, "safe_scale"))
     scales = tf.where(reached, policies.back_off(plan.scales, safe), plan.scales)
-    assign_scales(state, plan, scales)
+    assign_loss_scale(state, plan, scales)
     reached_below = tf.linalg.matvec(plan.downstream_matrix(), tf.cast(reached, tf.float32)) > 0
     origin = tf.logical_and(reached, tf.logical_not(reached_below))
     measured = per_component(plan, row(state, "measured")) > 0
@@ -264,12 +258,16 @@ def learn_from_overflow(state, plan, reached, step) -> None:
         step=step,
         measured=measured,
     )
-    write(plan, state, "headroom", headroom.binades)
-    write(plan, state, "headroom_since", headroom.since)
     counts = per_component(plan, row(state, "overflow_counts"))
-    write(plan, state, "overflow_counts", counts + tf.cast(origin, counts.dtype))
     last = per_component(plan, row(state, "last_overflow_step"))
-    write(plan, state, "last_overflow_step", tf.where(origin, tf.fill(tf.shape(last), step), last))
+    rows = {
+        "scale": scales,
+        "headroom": headroom.binades,
+        "headroom_since": headroom.since,
+        "overflow_counts": counts + tf.cast(origin, counts.dtype),
+        "last_overflow_step": tf.where(origin, tf.fill(tf.shape(last), step), last),
+    }
+    write(plan, state, rows)
 
 
 def _entries_of(plan) -> tuple[list[list[int]], list[int]]:
