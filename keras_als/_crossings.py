@@ -96,18 +96,17 @@ class Crossings:
 
         if self.measuring is None:
             values = reduce()
-        else:  # one vector out of the branch, not a scalar per value
-            nothing = tf.zeros([per_boundary * len(waiting)])
+        else:
+            nothing = (tf.constant(0.0),) * (per_boundary * len(waiting))
             values = tf.cond(self.measuring, reduce, lambda: nothing)
-        values = tf.unstack(values)
         for k, (boundary, _) in enumerate(waiting):
             self.reduced[id(boundary)] = Reduced(*values[per_boundary * k : per_boundary * (k + 1)])
 
 
-def _kept_by_xla(values: list[tf.Tensor]) -> tf.Tensor:
-    """`values` as one vector, read out of a stack through a gather, which XLA
-    does not turn into a select: a branch that returns it stays a branch."""
-    return tf.gather(tf.stack(values), tf.range(len(values)))
+def _kept_by_xla(values: list[tf.Tensor]) -> tuple[tf.Tensor, ...]:
+    """`values`, read out of a stack through a gather, which XLA does not turn
+    into a select: a branch that returns them stays a branch."""
+    return tuple(tf.unstack(tf.gather(tf.stack(values), tf.range(len(values)))))
 
 
 def _float16_subnormals(gradient) -> tf.Tensor:
