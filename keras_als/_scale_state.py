@@ -177,18 +177,15 @@ def per_component(plan, values) -> tf.Tensor:
 def write(plan, state, rows: dict) -> None:
     """Writes each component's values into every entry it holds, for each row
     of `rows` (`{name in PER_SCALE: one value per component}`), in one
-    assignment of the table."""
+    assignment of the table; a `"scale"` row also sets the loss's scale,
+    which Keras's `dynamic_scale` holds."""
     entries, components = _entries_of(plan)
     indices = [[PER_SCALE.index(name), entry] for name in rows for [entry] in entries]
     values = tf.stack([tf.cast(rows[name], tf.float32) for name in rows])
     updates = tf.reshape(tf.gather(values, components, axis=1), [-1])
     assign(state, new_table=tf.tensor_scatter_nd_update(table(state), indices, updates))
-
-
-def assign_loss_scale(state, plan, new) -> None:
-    """Writes the new scale of the loss's component into Keras's `dynamic_scale`
-    (row `"scale"` holds the others: `write` it)."""
-    state.dynamic_scale.assign(tf.gather(new, plan.loss_component))
+    if "scale" in rows:
+        state.dynamic_scale.assign(tf.gather(rows["scale"], plan.loss_component))
 
 
 def headroom_of(state, plan) -> policies.Headroom:
@@ -203,8 +200,8 @@ def choose_scales(state, plan, statistics, finite, step, updated) -> tuple[tf.Te
     """The policy's next scales, with the headroom left at `step`, none of them
     raised before the first update (`policies.rise_after_first_update`).
 
-    Assigns the loss's; returns the policy's proposal and the rows to `write`
-    (the new scales, and this step's as the last that was safe)."""
+    Returns the policy's proposal and the rows to `write` (the new scales, and
+    this step's as the last that was safe)."""
     headroom = policies.headroom_at(headroom_of(state, plan), step)
     proposed = policies.next_scale(state.policy, statistics, plan.scales, headroom)
     new = policies.rise_after_first_update(proposed, plan.scales, updated)
@@ -212,7 +209,6 @@ def choose_scales(state, plan, statistics, finite, step, updated) -> tuple[tf.Te
     if _statistics.several_replicas():  # this runs on skipped steps too
         new = tf.where(finite, new, per_component(plan, vector(state)))
         safe = tf.where(finite, safe, per_component(plan, row(state, "safe_scale")))
-    assign_loss_scale(state, plan, new)
     return proposed, {"safe_scale": safe, "scale": new}
 
 
@@ -247,7 +243,6 @@ def learn_from_overflow(state, plan, reached, step) -> None:
     telemetry notes the origin."""
     safe = per_component(plan, row(state, "safe_scale"))
     scales = tf.where(reached, policies.back_off(plan.scales, safe), plan.scales)
-    assign_loss_scale(state, plan, scales)
     reached_below = tf.linalg.matvec(plan.downstream_matrix(), tf.cast(reached, tf.float32)) > 0
     origin = tf.logical_and(reached, tf.logical_not(reached_below))
     measured = per_component(plan, row(state, "measured")) > 0

@@ -156,7 +156,7 @@ def _segment_max(values: tf.Tensor, segments, n: int) -> tf.Tensor:
     if not len(segments):
         return tf.zeros([n])
     inside = _membership(segments, n)
-    return tf.reduce_max(tf.where(inside, values[None, :], tf.zeros_like(values)[None, :]), axis=1)
+    return tf.reduce_max(tf.where(inside, values[None, :], 0.0), axis=1)
 
 
 def _segment_any(flags: tf.Tensor, segments, n: int) -> tf.Tensor:
