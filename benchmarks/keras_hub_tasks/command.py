@@ -1,7 +1,9 @@
 """The studies' command line: `python -m benchmarks.keras_hub_tasks {retinanet,lora} [--quick]`.
 
 Runs every seed of a study's plan in this process, then writes `<study>.json`
-(every run) and `<study>.md` (the section RESULTS.md takes in).
+(every run) and `<study>.md` (the section RESULTS.md takes in). A study's
+`run_seed` returns its runs and a dict of other results of the seed, which the
+JSON keeps as one list per key, in the order of the seeds.
 """
 
 from __future__ import annotations
@@ -33,12 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     plan = module.QUICK if args.quick else {"seeds": module.SEEDS}
     arguments = {k: v for k, v in plan.items() if k != "seeds"}
     start, load = time.perf_counter(), os.getloadavg()[0]
-    runs, before = [], []
+    runs, extras = [], {}
     for seed in plan["seeds"]:
-        done = module.run_seed(seed, **arguments)
-        if args.study == "lora":
-            done, pretrained = done
-            before.append(pretrained)
+        done, of_seed = module.run_seed(seed, **arguments)
+        for key, value in of_seed.items():
+            extras.setdefault(key, []).append(value)
         runs += done
         print(f"seed {seed}: " + ", ".join(f"{r.method} {r.outcome:.4g}" for r in done), flush=True)
     settings = {
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": provenance.environment(),
         "provenance": provenance.code(),
         "settings": settings,
-        "pretrained_held_out_loss": before,
+        **extras,
         "runs": [dataclasses.asdict(r) for r in runs],
     }
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

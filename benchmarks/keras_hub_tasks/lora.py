@@ -70,8 +70,9 @@ def run_seed(
     steps_per_block: int = STEPS_PER_BLOCK,
     pretrain_steps: int = PRETRAIN_STEPS,
 ):
-    """Every method of the plan on one seed: `list[training.Run]`, and the
-    held-out loss of the pretrained model before fine-tuning."""
+    """Every method of the plan on one seed: `list[training.Run]`, and
+    `{"pretrained_held_out_loss": ...}`, the pretrained model's held-out loss
+    before fine-tuning."""
     keras.utils.clear_session()
     weights = pretrained_weights(seed, pretrain_steps)
     train_text, held_text = fine_tuning_text()
@@ -95,7 +96,7 @@ def run_seed(
         training.record(a, seed, held_out_loss(a.model.get_weights(), held_out), steps_per_block)
         for a in arms
     ]
-    return runs, held_out_loss(weights, held_out)
+    return runs, {"pretrained_held_out_loss": held_out_loss(weights, held_out)}
 
 
 def held_out_loss(weights: list[np.ndarray], held_out: tuple) -> float:

@@ -50,7 +50,8 @@ QUICK = {"seeds": (0,), "blocks": 2, "steps_per_block": 10}
 
 
 def run_seed(seed: int, blocks: int = BLOCKS, steps_per_block: int = STEPS_PER_BLOCK):
-    """Every method of the plan on one seed: `list[training.Run]`."""
+    """Every method of the plan on one seed: `list[training.Run]`, and no
+    other result (`{}`)."""
     keras.utils.clear_session()
     keras.utils.set_random_seed(seed)
     with scaling.precision("float32"):
@@ -72,7 +73,7 @@ def run_seed(seed: int, blocks: int = BLOCKS, steps_per_block: int = STEPS_PER_B
         for m in training.METHODS
     ]
     training.train(arms, block, blocks, BATCH)
-    return [training.record(a, seed, held_out_map(a.model), steps_per_block) for a in arms]
+    return [training.record(a, seed, held_out_map(a.model), steps_per_block) for a in arms], {}
 
 
 def detector() -> keras.Model:
