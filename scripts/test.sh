@@ -10,7 +10,7 @@ venv=${KERAS_ALS_VENV:-.venv}
 "$venv/bin/ruff" check keras_als tests benchmarks examples
 status=0
 # Two workers (pytest-xdist): one per core; KERAS_ALS_TEST_WORKERS=0 runs in one process.
-TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/python" -m pytest -n "${KERAS_ALS_TEST_WORKERS:-2}" --maxschedchunk 1 "$@" || status=$?
+TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/python" -m pytest -n "${KERAS_ALS_TEST_WORKERS:-2}" --maxschedchunk 1 --durations=30 "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: failing." >&2
   exit 1
