@@ -22,7 +22,7 @@ from benchmarks.real_models.architectures import BATCH, MODELS, OTHER_FAMILIES, 
 from benchmarks.real_models.breakdown import ABLATIONS, step_breakdown, step_breakdown_in_processes
 from benchmarks.real_models.probes import compile_times, memory_of
 from benchmarks.real_models.programs import graph_ops, step_kernels
-from benchmarks.real_models.report import markdown, missed, step_cell
+from benchmarks.real_models.report import markdown, memory_cell, missed, step_cell
 from benchmarks.real_models.skips import skip_trace
 from benchmarks.real_models.timing import (
     INSTANCES,
@@ -67,7 +67,9 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
             model.train_on_batch(x, y)
         peak = memory.high_water_mb()
         xla_bytes = memory.xla_total(dump, "one_step_on_data")
-    print(json.dumps({"xla_bytes": xla_bytes, "peak_rss_mb": peak, "before_mb": before}))
+        xla_peak_bytes = memory.xla_peak(dump, "one_step_on_data")
+    used = {"xla_bytes": xla_bytes, "xla_peak_bytes": xla_peak_bytes}
+    print(json.dumps({**used, "peak_rss_mb": peak, "before_mb": before}))
 
 
 def main(argv=None) -> None:
@@ -84,7 +86,8 @@ def main(argv=None) -> None:
         "--parts",
         default="skips,cost",
         help="skips (skipped steps), cost (step and compile time, memory), step (step "
-        "time alone), compile (compile time and memory alone), breakdown (step-time "
+        "time alone), compile (compile time and memory alone), memory (XLA step memory "
+        "alone), breakdown (step-time "
         "ablation), graph (operations in the traced step), build_order (Keras's step "
         "time by the order its instances were built)",
     )
@@ -189,14 +192,15 @@ def main(argv=None) -> None:
             print(f"{name:14s} step time {step_cell(row)}", flush=True)
         if "cost" in parts or "compile" in parts:
             row.update(compile_times(name, args.repeats))
+            print(f"{name:14s} compile time {row['compile_ratio']:.3f}x", flush=True)
+        if "cost" in parts or "compile" in parts or "memory" in parts:
             used = {method: memory_of(name, method) for method in ("keras", "keras_als")}
             row["memory"] = used
             row["memory_ratio"] = used["keras_als"]["xla_bytes"] / used["keras"]["xla_bytes"]
-            print(
-                f"{name:14s} compile time {row['compile_ratio']:.3f}x, "
-                f"XLA step memory {row['memory_ratio']:.3f}x",
-                flush=True,
+            row["memory_peak_ratio"] = (
+                used["keras_als"]["xla_peak_bytes"] / used["keras"]["xla_peak_bytes"]
             )
+            print(f"{name:14s} XLA step memory {memory_cell(row)}", flush=True)
         if "breakdown" in parts:
             keras.utils.clear_session()
             asked = {"keras", *args.variants.split(",")}

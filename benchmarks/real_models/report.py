@@ -1,12 +1,21 @@
-"""real_models.md: the targets of issue 12 per model, and the tables."""
+"""real_models.md: the targets per model (issue 12's skips, issue 43's cost), and the tables."""
 
 from __future__ import annotations
 
 from benchmarks.real_models.breakdown import ABLATIONS
 from benchmarks.real_models.timing import INSTANCES
 
-STEP_TARGET = 1.03
-"""Issue 12's step time target: keras_als at most this times Keras's."""
+STEP_TARGET = 1.02
+"""Step time: keras_als at most this times Keras's (issue 43; issue 12 asked 1.03)."""
+
+COMPILE_TARGET = 1.10
+"""Compile time, the first step with XLA (issue 43; issue 12 asked 1.25)."""
+
+MEMORY_TARGET = 1.05
+"""XLA step memory, the buffer assignment's total."""
+
+MEMORY_PEAK_TARGET = 1.02
+"""XLA step memory live at once at the step's busiest point (issue 43)."""
 
 
 def verdicts(row: dict) -> dict:
@@ -19,9 +28,11 @@ def verdicts(row: dict) -> dict:
     if "step_ratio" in row:
         verdict["step_time"] = row["step_ratio"] <= STEP_TARGET
     if "compile_ratio" in row:
-        verdict["compile_time"] = row["compile_ratio"] <= 1.25
+        verdict["compile_time"] = row["compile_ratio"] <= COMPILE_TARGET
     if "memory_ratio" in row:
-        verdict["memory"] = row["memory_ratio"] <= 1.05
+        verdict["memory"] = row["memory_ratio"] <= MEMORY_TARGET
+    if "memory_peak_ratio" in row:
+        verdict["memory_at_peak"] = row["memory_peak_ratio"] <= MEMORY_PEAK_TARGET
     return verdict
 
 
@@ -33,6 +44,13 @@ def missed(row: dict) -> list[str]:
     if ratio is not None and error is not None and ratio <= STEP_TARGET < ratio + 2 * error:
         names.append("step_time at the line")
     return names
+
+
+def memory_cell(row: dict) -> str:
+    """XLA step memory's ratio, total and, where read, live at the peak."""
+    peak = row.get("memory_peak_ratio")
+    at_peak = "not read" if peak is None else f"{peak:.3f}x"
+    return f"{row['memory_ratio']:.3f}x (at peak {at_peak})"
 
 
 def _measured_cell(row: dict) -> str:
@@ -91,7 +109,11 @@ def markdown(results: dict) -> str:
         "and, in brackets, how far the Keras instances differ (slowest over fastest); "
         "compile time the median first step over fresh processes (alternating), "
         "with XLA and, to tell tracing from XLA's compile, without; XLA step memory from "
-        "XLA's buffer assignment.",
+        "XLA's buffer assignment, its total and the bytes live at once at the step's "
+        "busiest point (at peak). Targets: skipped steps at most Keras's in the first 50 "
+        "and at most 1 per 1,000 after (issue 12); step time at most "
+        f"{STEP_TARGET:.2f}x, compile time {COMPILE_TARGET:.2f}x, XLA step memory "
+        f"{MEMORY_TARGET:.2f}x in total and {MEMORY_PEAK_TARGET:.2f}x at peak (issue 43).",
         "",
         "| model | steps | skipped in first 50 (Keras / keras_als) | skipped after "
         "(Keras / keras_als) | keras_als measured on | step time | compile time (s, Keras / "
@@ -108,7 +130,7 @@ def markdown(results: dict) -> str:
             f"{row['keras_als']['after_50']} | {_measured_cell(row)} | {step_cell(row)} "
             f"| {row['compile_ratio']:.3f}x ({compiled['keras']:.1f} / "
             f"{compiled['keras_als']:.1f}) | {traced['keras']:.1f} / {traced['keras_als']:.1f} "
-            f"| {row['memory_ratio']:.3f}x | {', '.join(missed(row)) or 'none'} |"
+            f"| {memory_cell(row)} | {', '.join(missed(row)) or 'none'} |"
         )
     models = results["models"]
     others = [n for n, row in models.items() if "steps" in row and "compile_seconds" not in row]

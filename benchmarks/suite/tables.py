@@ -162,18 +162,12 @@ def sweep_table(sweep: list[Timing]) -> str:
     )
 
 
-def _live_at_peak_ratio(ours: Memory, theirs: Memory) -> str:
-    if ours.xla_peak_bytes is None or theirs.xla_peak_bytes is None:
-        return "not read"
-    return f"{ours.xla_peak_bytes / theirs.xla_peak_bytes:.3f}"
-
-
 def memory_table(memory: list[Memory]) -> str:
     """XLA step memory and process RSS per model and method, with ratios."""
     ratios = memory_ratios(memory)
     by = {(m.model, m.method): m for m in memory}
     rows = []
-    for model, (x, r) in ratios.items():
+    for model, (x, r, peak) in ratios.items():
         ours, theirs = by[(model, OURS)], by[(model, BASELINE)]
         rows.append(
             [
@@ -181,7 +175,7 @@ def memory_table(memory: list[Memory]) -> str:
                 f"{theirs.xla_bytes / 2**20:.3f}",
                 f"{ours.xla_bytes / 2**20:.3f}",
                 f"{x:.3f}",
-                _live_at_peak_ratio(ours, theirs),
+                "not read" if peak is None else f"{peak:.3f}",
                 f"{theirs.peak_rss_mb:.0f}",
                 f"{ours.peak_rss_mb:.0f}",
                 f"{r:.3f}",

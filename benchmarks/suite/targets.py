@@ -163,8 +163,18 @@ def target_skipped(runs: list[Run]) -> Target:
     return Target(3, passed, summary)
 
 
-def target_step_time(timings: list[Timing], sweep: list[Timing], limit: float = 1.10) -> Target:
-    """Target 4: step time <= 1.10x Keras LSO (XLA); overhead grows at most linearly."""
+STEP_LIMIT = 1.05
+"""Target 4's step time ratio (issue 43; the benchmark issue asked 1.10)."""
+MEMORY_LIMIT = 1.05
+"""Target 5's XLA step memory ratio, the buffer assignment's total."""
+MEMORY_PEAK_LIMIT = 1.02
+"""Target 5's ratio of the bytes live at the step's busiest point (issue 43)."""
+
+
+def target_step_time(
+    timings: list[Timing], sweep: list[Timing], limit: float = STEP_LIMIT
+) -> Target:
+    """Target 4: step time <= 1.05x Keras LSO (XLA); overhead grows at most linearly."""
     ours = [t for t in timings if t.method == OURS] + list(sweep)
     worst = max(ours, key=lambda t: t.ratio)
     exponent = growth_exponent(sweep) if len(sweep) >= 2 else float("nan")
@@ -183,28 +193,41 @@ def target_step_time(timings: list[Timing], sweep: list[Timing], limit: float = 
     return Target(4, fast and linear, summary, failures)
 
 
-def memory_ratios(memory: list[Memory]) -> dict[str, tuple[float, float]]:
-    """`model -> (XLA step memory ratio, peak RSS ratio)`, keras_als over Keras LSO."""
+def memory_ratios(memory: list[Memory]) -> dict[str, tuple[float, float, float | None]]:
+    """`model -> (XLA step memory ratio, peak RSS ratio, live-at-peak ratio or None)`,
+    keras_als over Keras LSO; the last is None where XLA's peak usage was not read."""
     by = {(m.model, m.method): m for m in memory}
     ratios = {}
     for model in dict.fromkeys(m.model for m in memory):
         ours, theirs = by.get((model, OURS)), by.get((model, BASELINE))
         if ours and theirs:
+            peaks = (ours.xla_peak_bytes, theirs.xla_peak_bytes)
             ratios[model] = (
                 ours.xla_bytes / theirs.xla_bytes,
                 ours.peak_rss_mb / theirs.peak_rss_mb,
+                None if None in peaks else peaks[0] / peaks[1],
             )
     return ratios
 
 
-def target_memory(memory: list[Memory], limit: float = 1.05) -> Target:
-    """Target 5: peak step memory (XLA buffer assignment) <= 1.05x Keras LSO."""
+def target_memory(
+    memory: list[Memory], limit: float = MEMORY_LIMIT, peak_limit: float = MEMORY_PEAK_LIMIT
+) -> Target:
+    """Target 5: XLA step memory <= 1.05x Keras LSO in total and <= 1.02x live at
+    its peak (where the peak was read; a model without it fails: not measured)."""
     ratios = memory_ratios(memory)
-    passed = bool(ratios) and all(x <= limit for x, _ in ratios.values())
+    failures = [
+        model
+        for model, (total, _, peak) in ratios.items()
+        if total > limit or peak is None or peak > peak_limit
+    ]
+    passed = bool(ratios) and not failures
     summary = ", ".join(
-        f"{model} step {x:.3f}x (process peak RSS {r:.3f}x)" for model, (x, r) in ratios.items()
+        f"{model} step {total:.3f}x, at peak "
+        f"{'not read' if peak is None else f'{peak:.3f}x'} (process peak RSS {rss:.3f}x)"
+        for model, (total, rss, peak) in ratios.items()
     )
-    return Target(5, passed, summary)
+    return Target(5, passed, summary, failures)
 
 
 def targets(
