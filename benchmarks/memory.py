@@ -133,7 +133,16 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    """Subprocess entry point: `MODEL METHOD [STEPS]`; prints one JSON line."""
+    """With no arguments, measures every model of `MODELS` under Keras LSO and
+    keras_als, each in a fresh subprocess, and prints the memory table and
+    target 5. As the subprocess: `MODEL METHOD [STEPS]`; prints one JSON line."""
+    if not argv:
+        from benchmarks.suite import tables, targets
+
+        used = [measure(m, method) for m in MODELS for method in (targets.BASELINE, targets.OURS)]
+        print(tables.memory_table(used))
+        print(targets.target_memory(used).line())
+        return
     with tempfile.TemporaryDirectory(prefix="keras_als_xla_") as dump:
         os.environ["XLA_DUMP_DIR"] = dump
         os.environ["XLA_FLAGS"] = (

@@ -139,6 +139,26 @@ def test_memory_target_checks_the_step_total_and_its_peak():
     assert "at peak not read" in targets.target_memory(memory).line()
 
 
+def test_the_memory_command_measures_every_model_under_both_methods(monkeypatch, capsys):
+    from benchmarks import memory
+
+    asked = []
+
+    def measure(model, method):
+        asked.append((model, method))
+        mine = method == targets.OURS
+        return Memory(model, method, 1100 if mine else 1000, 900.0, 200.0, 500)
+
+    monkeypatch.setattr(memory, "measure", measure)
+    memory.main([])
+    printed = capsys.readouterr().out
+    assert sorted(asked) == sorted(
+        (m, k) for m in memory.MODELS for k in (targets.BASELINE, targets.OURS)
+    )
+    assert "Target 5: FAIL" in printed and "step 1.100x, at peak 1.000x" in printed
+    assert "| step live-at-peak ratio |" in printed
+
+
 def test_error_and_underflow_definitions():
     import numpy as np
 
