@@ -9,7 +9,11 @@ one branch for all, after backprop, keeps every crossing gradient alive until
 then. `Crossings` takes the middle way:
 gradients wait as they arrive, and the waiting ones are reduced together in
 one branch as soon as they hold `WAITING_BYTES` or more, which bounds the
-memory they keep alive; `finish` reduces the last ones.
+memory they keep alive; `finish` reduces the last ones. One branch per
+boundary, made where its gradient arrives, was measured against this: no
+faster (interleaved in one process, three instances each: BERT's step 0.98x
+± 0.01 of this one's, GPT-2's 1.02x ± 0.004), and slower to compile (23
+conditionals for GPT-2's 19 scales instead of 6: first step 1.52x Keras's).
 
 XLA turns a conditional whose branches hold only elementwise operations and
 reductions into a select of both branches (`ConditionalSimplifier`), so the
