@@ -56,9 +56,15 @@ class Memory:
     xla_peak_bytes: int | None = None
 
 
-def measure(model: str, method: str, steps: int = 20) -> Memory:
+ABLATIONS = ("no_crossing_reductions",)
+"""What `measure` can leave out of keras_als's step to cost it: the reductions
+of the gradients crossing the boundaries (scales then come from the weight
+gradients alone; for costing only)."""
+
+
+def measure(model: str, method: str, steps: int = 20, ablation: str = "") -> Memory:
     """Runs one configuration in a fresh subprocess; returns what it measured."""
-    command = [sys.executable, "-m", "benchmarks.memory", model, method, str(steps)]
+    command = [sys.executable, "-m", "benchmarks.memory", model, method, str(steps), ablation]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -106,6 +112,17 @@ def high_water_mb() -> float:
     return int(found.group(1)) / 1024.0 if found else float("nan")
 
 
+def ablate(name: str) -> None:
+    """Leaves `name` (of `ABLATIONS`; "" for nothing) out of steps traced after this."""
+    if name == "no_crossing_reductions":
+        from benchmarks.real_models.breakdown import _NoReductions
+        from keras_als import _crossings
+
+        _crossings.Crossings = _NoReductions
+    elif name:
+        raise ValueError(f"Unknown ablation {name!r}; known: {', '.join(ABLATIONS)}.")
+
+
 def _probe(model_name: str, method_name: str, steps: int) -> dict:
     import tensorflow as tf
 
@@ -135,7 +152,8 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
 def main(argv: list[str]) -> None:
     """With no arguments, measures every model of `MODELS` under Keras LSO and
     keras_als, each in a fresh subprocess, and prints the memory table and
-    target 5. As the subprocess: `MODEL METHOD [STEPS]`; prints one JSON line."""
+    target 5. As the subprocess: `MODEL METHOD [STEPS [ABLATION]]` (`ABLATIONS`);
+    prints one JSON line."""
     if not argv:
         from benchmarks.suite import tables, targets
 
@@ -150,6 +168,7 @@ def main(argv: list[str]) -> None:
         )
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         steps = int(argv[2]) if len(argv) > 2 else 20
+        ablate(argv[3] if len(argv) > 3 else "")
         print(json.dumps(_probe(argv[0], argv[1], steps)), flush=True)
 
 

@@ -159,6 +159,20 @@ def test_the_memory_command_measures_every_model_under_both_methods(monkeypatch,
     assert "| step live-at-peak ratio |" in printed
 
 
+def test_the_memory_probe_can_leave_the_crossing_reductions_out(monkeypatch):
+    from benchmarks import memory
+    from benchmarks.real_models.breakdown import _NoReductions
+    from keras_als import _crossings
+
+    monkeypatch.setattr(_crossings, "Crossings", _crossings.Crossings)
+    memory.ablate("")
+    assert _crossings.Crossings is not _NoReductions
+    memory.ablate("no_crossing_reductions")
+    assert _crossings.Crossings is _NoReductions
+    with pytest.raises(ValueError, match="no_crossing_reductions"):
+        memory.ablate("no_such_thing")
+
+
 def test_error_and_underflow_definitions():
     import numpy as np
 
