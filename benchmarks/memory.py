@@ -20,6 +20,7 @@ The subprocess prints one JSON line; `measure` runs it and parses it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -112,15 +113,15 @@ def high_water_mb() -> float:
     return int(found.group(1)) / 1024.0 if found else float("nan")
 
 
-def ablate(name: str) -> None:
-    """Leaves `name` (of `ABLATIONS`; "" for nothing) out of steps traced after this."""
+def ablated(name: str) -> contextlib.AbstractContextManager:
+    """Steps traced inside leave `name` (of `ABLATIONS`; "" for nothing) out."""
     if name == "no_crossing_reductions":
-        from benchmarks.real_models.breakdown import _NoReductions
-        from keras_als import _crossings
+        from benchmarks.real_models.breakdown import without_crossing_reductions
 
-        _crossings.Crossings = _NoReductions
-    elif name:
+        return without_crossing_reductions()
+    if name:
         raise ValueError(f"Unknown ablation {name!r}; known: {', '.join(ABLATIONS)}.")
+    return contextlib.nullcontext()
 
 
 def _probe(model_name: str, method_name: str, steps: int) -> dict:
@@ -168,8 +169,8 @@ def main(argv: list[str]) -> None:
         )
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         steps = int(argv[2]) if len(argv) > 2 else 20
-        ablate(argv[3] if len(argv) > 3 else "")
-        print(json.dumps(_probe(argv[0], argv[1], steps)), flush=True)
+        with ablated(argv[3] if len(argv) > 3 else ""):
+            print(json.dumps(_probe(argv[0], argv[1], steps)), flush=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ reductions into a select of both branches (`ConditionalSimplifier`), so the
 reductions would run on every step, fused into the kernels that produce the
 gradients (seen in a profile of a tiny KerasHub BERT step). A
 branch reads its values out through a gather, which XLA counts as expensive,
-so it keeps the branch.
+so it keeps the branch. Reducing on every step, with no branch at all, was
+measured against this too (interleaved in one process, three instances each):
+BERT's step 1.16x ± 0.01 of this one's, GPT-2's 1.05x ± 0.01.
 """
 
 from __future__ import annotations

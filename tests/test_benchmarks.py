@@ -159,18 +159,31 @@ def test_the_memory_command_measures_every_model_under_both_methods(monkeypatch,
     assert "| step live-at-peak ratio |" in printed
 
 
-def test_the_memory_probe_can_leave_the_crossing_reductions_out(monkeypatch):
+def test_the_memory_probe_can_leave_the_crossing_reductions_out_and_put_them_back():
+    import tensorflow as tf
+
     from benchmarks import memory
-    from benchmarks.real_models.breakdown import _NoReductions
     from keras_als import _crossings
 
-    monkeypatch.setattr(_crossings, "Crossings", _crossings.Crossings)
-    memory.ablate("")
-    assert _crossings.Crossings is not _NoReductions
-    memory.ablate("no_crossing_reductions")
-    assert _crossings.Crossings is _NoReductions
+    boundary = object()
+
+    def reductions():
+        graph = tf.Graph()
+        with graph.as_default():
+            gradient = tf.constant([[-3.0, 2.0]])
+            crossings = _crossings.Crossings(graph, None, False)
+            crossings.arrived(boundary, [gradient])
+            crossings.finish()
+            return {b: tf.compat.v1.Session().run(r.amax) for b, r in crossings.reduced.items()}
+
+    assert reductions() == {id(boundary): 3.0}
+    with memory.ablated("no_crossing_reductions"):
+        assert reductions() == {}
+    assert reductions() == {id(boundary): 3.0}
+    with memory.ablated(""):
+        assert reductions() == {id(boundary): 3.0}
     with pytest.raises(ValueError, match="no_crossing_reductions"):
-        memory.ablate("no_such_thing")
+        memory.ablated("no_such_thing")
 
 
 def test_error_and_underflow_definitions():

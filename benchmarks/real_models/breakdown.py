@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 
@@ -55,6 +56,39 @@ def _not_multiplied(gradient, ratio):
     return gradient
 
 
+@contextlib.contextmanager
+def without_crossing_reductions():
+    """Steps traced inside leave out the reductions of the gradients crossing
+    the boundaries (ablation only: scales then come from weight gradients alone).
+
+    Example:
+        >>> with without_crossing_reductions():
+        ...     pass  # model.train_on_batch(x, y): traces without them
+    """
+    from keras_als import _crossings
+
+    original = _crossings.Crossings
+    _crossings.Crossings = _NoReductions
+    try:
+        yield
+    finally:
+        _crossings.Crossings = original
+
+
+@contextlib.contextmanager
+def without_boundary_multiplies():
+    """Steps traced inside leave the boundaries' multiplies out (right only
+    where every ratio is 1: every scale `ONE_SCALE`)."""
+    from keras_als import _boundary
+
+    original = _boundary.multiply
+    _boundary.multiply = _not_multiplied
+    try:
+        yield
+    finally:
+        _boundary.multiply = original
+
+
 def _never_measure_again(optimizer) -> None:
     """Sets `optimizer`'s next measurement a million steps away."""
     from keras_als import _scale_state
@@ -90,8 +124,6 @@ def step_breakdown(
     times, and, with two or more instances, `ratio_se`: the standard error of
     each variant's ratio to Keras's (`ratio_and_standard_error`).
     """
-    from keras_als import _boundary, _crossings
-
     x, y = data(name, 1, seed)
     built, optimizers = {}, {}
     discard_first_build(name, x, y, seed)
@@ -117,16 +149,13 @@ def step_breakdown(
                 scale_policy=keras_als.policies.Fixed(ONE_SCALE) if unmultiplied else "max_safe",
             )
             optimizers[variant] = optimizer
-            original = _crossings.Crossings, _boundary.multiply
-            if variant == "no_boundary_reductions":
-                _crossings.Crossings = _NoReductions
-            if unmultiplied:
-                _boundary.multiply = _not_multiplied
-            try:
+            with contextlib.ExitStack() as ablated:
+                if variant == "no_boundary_reductions":
+                    ablated.enter_context(without_crossing_reductions())
+                if unmultiplied:
+                    ablated.enter_context(without_boundary_multiplies())
                 for _ in range(3):  # trace, compile and warm up
                     model.train_on_batch(x, y)
-            finally:
-                _crossings.Crossings, _boundary.multiply = original
             if variant == "measuring_never":
                 _never_measure_again(optimizer)
             built[variant, k] = model
