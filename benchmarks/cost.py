@@ -19,6 +19,7 @@ times chosen models (with the breakdown variants) and sweep sizes on their own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -29,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import zoo
-from benchmarks.harness import isolation, scaling, xla_step
+from benchmarks.harness import ablations, isolation, scaling, xla_step
 from keras_als import _entries, policies
 
 
@@ -138,6 +139,14 @@ BREAKDOWN = (
         initial_scale=2.0**10,
         label="keras_als unwrapped, Fixed policy: one global scale",
     ),
+    scaling.Method(
+        "als_no_crossing_reductions",
+        "als",
+        policies.MaxSafe(),
+        wrap=True,
+        label="keras_als, MaxSafe, without the crossing gradients' reductions (ablation: "
+        "costing only, its scales come from the weight gradients alone)",
+    ),
 )
 """Extra variants that split keras_als's overhead into its parts."""
 
@@ -185,8 +194,10 @@ def interleaved(
             step = xla_step.compiled_step(model, optimizer, loss_for(y, model))
             steps.append((method.name, step))
     x, y = tf.constant(x), tf.constant(y)
-    for step in (untimed, *(step for _, step in steps)):
-        _time_block(step, x, y, 3)  # trace, compile, settle
+    _time_block(untimed, x, y, 3)
+    for method_name, step in steps:
+        with _traced_for(method_name):
+            _time_block(step, x, y, 3)  # trace, compile, settle
     order = random.Random(0)
     times = [[] for _ in steps]  # per instance, one time per round
     for _ in range(blocks):
@@ -213,6 +224,13 @@ def interleaved(
         )
         for m in methods[1:]
     ]
+
+
+def _traced_for(method_name: str):
+    """What the step of `method_name` is traced inside: its ablation, if it is one."""
+    if method_name == "als_no_crossing_reductions":
+        return ablations.without_crossing_reductions()
+    return contextlib.nullcontext()
 
 
 def layer_sweep(

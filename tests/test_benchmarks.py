@@ -159,10 +159,10 @@ def test_the_memory_command_measures_every_model_under_both_methods(monkeypatch,
     assert "| step live-at-peak ratio |" in printed
 
 
-def test_the_memory_probe_can_leave_the_crossing_reductions_out_and_put_them_back():
+def test_the_memory_and_step_time_ablations_leave_the_crossing_reductions_out_and_back():
     import tensorflow as tf
 
-    from benchmarks import memory
+    from benchmarks import cost, memory
     from keras_als import _crossings
 
     boundary = object()
@@ -184,6 +184,19 @@ def test_the_memory_probe_can_leave_the_crossing_reductions_out_and_put_them_bac
         assert reductions() == {id(boundary): 3.0}
     with pytest.raises(ValueError, match="no_crossing_reductions"):
         memory.ablated("no_such_thing")
+    with cost._traced_for("als_no_crossing_reductions"):
+        assert reductions() == {}
+    with cost._traced_for("als_max_safe"):
+        assert reductions() == {id(boundary): 3.0}
+    assert reductions() == {id(boundary): 3.0}
+
+
+def test_the_step_time_breakdown_times_the_ablation_beside_keras_als_on_a_small_mlp():
+    from benchmarks import cost
+
+    timings = cost.interleaved("mlp_4", 2, 2, cost.BREAKDOWN[2:], instances=1)
+    assert [t.method for t in timings] == ["als_max_safe", "als_no_crossing_reductions"]
+    assert all(t.layers == 4 and 0.2 < t.ratio < 5.0 for t in timings), timings
 
 
 def test_error_and_underflow_definitions():
