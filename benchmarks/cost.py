@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import zoo
-from benchmarks.harness import ablations, isolation, scaling, xla_step
+from benchmarks.harness import ablations, isolation, scaling, stats, xla_step
 from keras_als import _entries, policies
 
 
@@ -51,6 +51,9 @@ class Timing:
         instances: Independently built instances of each method.
         lso_spread: Slowest over fastest Keras LSO instance (median times):
             how far two instances of one configuration differ (the noise floor).
+        ratio_se: Standard error of the ratio from the instances' spread
+            (`stats.ratio_and_standard_error` of their median step times;
+            NaN with one instance of a method, or in results saved without it).
     """
 
     model: str
@@ -63,6 +66,7 @@ class Timing:
     steps_per_block: int
     instances: int = 1
     lso_spread: float = 1.0
+    ratio_se: float = float("nan")
 
     @property
     def overhead_ms(self) -> float:
@@ -208,7 +212,11 @@ def interleaved(
         for m in methods
     }  # per round, the mean over the method's instances
     lso = per_method["keras_lso"]
-    lso_medians = [np.median(t) for (n, _), t in zip(steps, times) if n == "keras_lso"]
+    medians = {
+        m.name: [float(np.median(t)) for (n, _), t in zip(steps, times) if n == m.name]
+        for m in methods
+    }  # per instance, its median block time
+    lso_medians = medians["keras_lso"]
     return [
         Timing(
             name,
@@ -221,6 +229,7 @@ def interleaved(
             steps_per_block,
             instances,
             float(max(lso_medians) / min(lso_medians)),
+            stats.ratio_and_standard_error(medians[m.name], lso_medians)[1],
         )
         for m in methods[1:]
     ]
@@ -281,7 +290,7 @@ def growth_exponent(timings: list[Timing]) -> float:
 def _line(t: Timing) -> str:
     return (
         f"  {t.model:14s} {t.method:18s} {t.layers:4d} wrapped layers: {t.als_ms:.2f} ms, "
-        f"Keras LSO {t.lso_ms:.2f} ms, ratio {t.ratio:.3f} "
+        f"Keras LSO {t.lso_ms:.2f} ms, ratio {t.ratio:.3f} ± {t.ratio_se:.3f} "
         f"(Keras LSO instances differ by {t.lso_spread:.3f}x)"
     )
 

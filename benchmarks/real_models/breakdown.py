@@ -8,12 +8,12 @@ import statistics
 
 import keras_als
 from benchmarks.harness import ablations, isolation
+from benchmarks.harness.stats import ratio_and_standard_error
 from benchmarks.real_models import probes
 from benchmarks.real_models.architectures import build, data
 from benchmarks.real_models.timing import (
     discard_first_build,
     interleaved_medians,
-    ratio_and_standard_error,
     ratio_over_processes,
 )
 
