@@ -19,6 +19,7 @@ times chosen models (with the breakdown variants) and sweep sizes on their own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -29,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import zoo
-from benchmarks.harness import isolation, scaling, xla_step
+from benchmarks.harness import ablations, isolation, scaling, stats, xla_step
 from keras_als import _entries, policies
 
 
@@ -50,6 +51,9 @@ class Timing:
         instances: Independently built instances of each method.
         lso_spread: Slowest over fastest Keras LSO instance (median times):
             how far two instances of one configuration differ (the noise floor).
+        ratio_se: Standard error of the ratio from the instances' spread
+            (`stats.ratio_and_standard_error` of their median step times;
+            NaN with one instance of a method, or in results saved without it).
     """
 
     model: str
@@ -62,6 +66,7 @@ class Timing:
     steps_per_block: int
     instances: int = 1
     lso_spread: float = 1.0
+    ratio_se: float = float("nan")
 
     @property
     def overhead_ms(self) -> float:
@@ -138,6 +143,14 @@ BREAKDOWN = (
         initial_scale=2.0**10,
         label="keras_als unwrapped, Fixed policy: one global scale",
     ),
+    scaling.Method(
+        "als_no_crossing_reductions",
+        "als",
+        policies.MaxSafe(),
+        wrap=True,
+        label="keras_als, MaxSafe, without the crossing gradients' reductions (ablation: "
+        "costing only, its scales come from the weight gradients alone)",
+    ),
 )
 """Extra variants that split keras_als's overhead into its parts."""
 
@@ -185,8 +198,10 @@ def interleaved(
             step = xla_step.compiled_step(model, optimizer, loss_for(y, model))
             steps.append((method.name, step))
     x, y = tf.constant(x), tf.constant(y)
-    for step in (untimed, *(step for _, step in steps)):
-        _time_block(step, x, y, 3)  # trace, compile, settle
+    _time_block(untimed, x, y, 3)
+    for method_name, step in steps:
+        with _traced_for(method_name):
+            _time_block(step, x, y, 3)  # trace, compile, settle
     order = random.Random(0)
     times = [[] for _ in steps]  # per instance, one time per round
     for _ in range(blocks):
@@ -197,7 +212,11 @@ def interleaved(
         for m in methods
     }  # per round, the mean over the method's instances
     lso = per_method["keras_lso"]
-    lso_medians = [np.median(t) for (n, _), t in zip(steps, times) if n == "keras_lso"]
+    medians = {
+        m.name: [float(np.median(t)) for (n, _), t in zip(steps, times) if n == m.name]
+        for m in methods
+    }  # per instance, its median block time
+    lso_medians = medians["keras_lso"]
     return [
         Timing(
             name,
@@ -210,9 +229,17 @@ def interleaved(
             steps_per_block,
             instances,
             float(max(lso_medians) / min(lso_medians)),
+            stats.ratio_and_standard_error(medians[m.name], lso_medians)[1],
         )
         for m in methods[1:]
     ]
+
+
+def _traced_for(method_name: str):
+    """What the step of `method_name` is traced inside: its ablation, if it is one."""
+    if method_name == "als_no_crossing_reductions":
+        return ablations.without_crossing_reductions()
+    return contextlib.nullcontext()
 
 
 def layer_sweep(
@@ -263,7 +290,7 @@ def growth_exponent(timings: list[Timing]) -> float:
 def _line(t: Timing) -> str:
     return (
         f"  {t.model:14s} {t.method:18s} {t.layers:4d} wrapped layers: {t.als_ms:.2f} ms, "
-        f"Keras LSO {t.lso_ms:.2f} ms, ratio {t.ratio:.3f} "
+        f"Keras LSO {t.lso_ms:.2f} ms, ratio {t.ratio:.3f} ± {t.ratio_se:.3f} "
         f"(Keras LSO instances differ by {t.lso_spread:.3f}x)"
     )
 

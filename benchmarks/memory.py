@@ -116,9 +116,9 @@ def high_water_mb() -> float:
 def ablated(name: str) -> contextlib.AbstractContextManager:
     """Steps traced inside leave `name` (of `ABLATIONS`; "" for nothing) out."""
     if name == "no_crossing_reductions":
-        from benchmarks.real_models.breakdown import without_crossing_reductions
+        from benchmarks.harness import ablations
 
-        return without_crossing_reductions()
+        return ablations.without_crossing_reductions()
     if name:
         raise ValueError(f"Unknown ablation {name!r}; known: {', '.join(ABLATIONS)}.")
     return contextlib.nullcontext()

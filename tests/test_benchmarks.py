@@ -122,6 +122,19 @@ def test_step_time_target_checks_the_ratio_and_linear_growth():
     assert targets.target_step_time([], noisy).passed
 
 
+def test_step_time_ratios_carry_their_standard_error_into_the_table_and_the_target():
+    import dataclasses
+
+    from benchmarks.suite import tables
+
+    slow = dataclasses.replace(_timing(5, 1.07, 1.0, "cnn"), ratio_se=0.012)
+    target = targets.target_step_time([slow, _timing(5, 1.0, 1.0)], [])
+    assert "worst ratio 1.070x ± 0.012 (cnn)" in target.summary
+    assert target.detail == ["cnn: 1.070x ± 0.012"]
+    table = tables.cost_table([slow, _timing(5, 1.0, 1.0)])
+    assert "| 1.070 ± 0.012 |" in table and "| 1.000 |" in table  # unknown: no ± nan
+
+
 def test_memory_target_checks_the_step_total_and_its_peak():
     memory = [
         Memory("cnn", "keras_lso", 1000, 900.0, 200.0, 500),
@@ -159,10 +172,10 @@ def test_the_memory_command_measures_every_model_under_both_methods(monkeypatch,
     assert "| step live-at-peak ratio |" in printed
 
 
-def test_the_memory_probe_can_leave_the_crossing_reductions_out_and_put_them_back():
+def test_the_memory_and_step_time_ablations_leave_the_crossing_reductions_out_and_back():
     import tensorflow as tf
 
-    from benchmarks import memory
+    from benchmarks import cost, memory
     from keras_als import _crossings
 
     boundary = object()
@@ -184,6 +197,19 @@ def test_the_memory_probe_can_leave_the_crossing_reductions_out_and_put_them_bac
         assert reductions() == {id(boundary): 3.0}
     with pytest.raises(ValueError, match="no_crossing_reductions"):
         memory.ablated("no_such_thing")
+    with cost._traced_for("als_no_crossing_reductions"):
+        assert reductions() == {}
+    with cost._traced_for("als_max_safe"):
+        assert reductions() == {id(boundary): 3.0}
+    assert reductions() == {id(boundary): 3.0}
+
+
+def test_the_step_time_breakdown_times_the_ablation_beside_keras_als_on_a_small_mlp():
+    from benchmarks import cost
+
+    timings = cost.interleaved("mlp_4", 2, 2, cost.BREAKDOWN[2:], instances=1)
+    assert [t.method for t in timings] == ["als_max_safe", "als_no_crossing_reductions"]
+    assert all(t.layers == 4 and 0.2 < t.ratio < 5.0 for t in timings), timings
 
 
 def test_error_and_underflow_definitions():
@@ -312,16 +338,16 @@ def test_real_model_table_gives_each_ablation_as_ms_and_a_ratio_to_keras():
     assert "| m | 1050 | 6 / 3 | 1 / 1 | - | 1.010x | 1.080x (10.0 / 10.8) | 5.0 / 6.0 |" in text
 
 
-def test_real_model_step_ratio_is_a_ratio_of_geometric_means_with_a_standard_error():
-    from benchmarks.real_models import timing
+def test_a_step_ratio_is_a_ratio_of_geometric_means_with_a_standard_error():
+    from benchmarks.harness import stats
 
-    ratio, standard_error = timing.ratio_and_standard_error([2.0, 8.0], [1.0, 4.0])
+    ratio, standard_error = stats.ratio_and_standard_error([2.0, 8.0], [1.0, 4.0])
     # Geometric means 4 and 2; log spreads: var(log [2, 8]) = var(log [1, 4]) = 2 (log 2)^2.
     assert ratio == pytest.approx(2.0, rel=1e-12)
     assert standard_error == pytest.approx(2.0 * math.sqrt(2 * math.log(2) ** 2), rel=1e-12)
-    same, none = timing.ratio_and_standard_error([1.1, 1.1, 1.1], [1.0, 1.0])
+    same, none = stats.ratio_and_standard_error([1.1, 1.1, 1.1], [1.0, 1.0])
     assert same == pytest.approx(1.1, rel=1e-12) and none == 0.0
-    assert math.isnan(timing.ratio_and_standard_error([1.0], [1.0, 2.0])[1])
+    assert math.isnan(stats.ratio_and_standard_error([1.0], [1.0, 2.0])[1])
 
 
 def test_real_model_table_gives_the_step_ratio_with_its_error_and_the_keras_spread():

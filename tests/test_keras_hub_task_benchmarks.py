@@ -54,6 +54,23 @@ def test_step_and_compile_ratios_leave_the_compiling_block_out_and_pair_by_seed(
     assert "compile time (the first block's extra time): 1.500x ± 0.000" in lines[5]
 
 
+def test_issue_43_s_step_and_compile_targets_print_pass_or_fail_with_their_margin():
+    # step 1.01x, 1.01x -> PASS (se 0); compile 12 / 8 -> 1.5x -> FAIL
+    runs = _pairs([0.5, 0.5], [0.5, 0.5], blocks=(100.0, 1.01, 1.01), compile_seconds=12.0)
+    lines = report.comparisons(runs, report.MAP)
+    assert lines[-2] == "- Target step time <= 1.02x: PASS (1.010x ± 0.000)."
+    assert lines[-1] == "- Target compile time <= 1.10x: FAIL (1.500x ± 0.000)."
+    # per seed 1.0x and 1.2x -> 1.10x ± 0.10: over 1.02x, but within two standard errors
+    runs = _pairs([0.5, 0.5], [0.5, 0.5])
+    runs[2] = _run("als_max_safe", 0, 0.5, blocks=(9.0, 1.0, 1.0))
+    runs[3] = _run("als_max_safe", 1, 0.5, blocks=(9.0, 1.2, 1.2))
+    lines = report.comparisons(runs, report.MAP)
+    assert lines[-2] == (
+        "- Target step time <= 1.02x: FAIL, within two standard errors of the limit "
+        "(1.100x ± 0.100)."
+    )
+
+
 def test_the_table_has_a_row_per_method_in_order_and_counts_non_finite_runs():
     runs = [_run(m.name, s, 0.5) for m in training.METHODS for s in (0, 1)]
     runs[2] = _run("mixed_no_scaling", 0, float("nan"))

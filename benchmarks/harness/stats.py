@@ -37,3 +37,19 @@ def mean_sd(values: list[float], digits: int) -> str:
     if len(finite) < len(values):
         text += f" ({len(values) - len(finite)} not finite)"
     return text
+
+
+def ratio_and_standard_error(ours: list[float], theirs: list[float]) -> tuple[float, float]:
+    """Geometric mean of `ours` over that of `theirs`, and its standard error.
+
+    Each list holds one median step time per instance. The log ratio is the
+    difference of the mean logs; its standard error combines both groups'
+    spread, `sqrt(var(log ours) / n + var(log theirs) / m)` (sample variances),
+    carried to the ratio as `ratio * that` (first order). NaN with fewer than
+    two instances in a group.
+    """
+    (log_ours, error_ours), (log_theirs, error_theirs) = (
+        mean_and_standard_error([math.log(v) for v in values]) for values in (ours, theirs)
+    )
+    ratio = math.exp(log_ours - log_theirs)
+    return ratio, ratio * math.hypot(error_ours, error_theirs)

@@ -8,6 +8,7 @@ import statistics
 
 from benchmarks.harness import scaling, stats
 from benchmarks.keras_hub_tasks.training import METHODS, Run
+from benchmarks.real_models.report import COMPILE_TARGET, STEP_TARGET
 
 OURS, BASELINE = scaling.ALS_MAX_SAFE.name, scaling.KERAS_LSO.name
 
@@ -103,7 +104,22 @@ def comparisons(runs: list[Run], outcome: Outcome) -> list[str]:
         f"- step time: keras_als / Keras LSO {step[0]:.3f}x ± {step[1]:.3f} (each seed: the "
         "total wall time of its compiled blocks, interleaved in one process).",
         f"- compile time (the first block's extra time): {compile_[0]:.3f}x ± {compile_[1]:.3f}.",
+        "",
+        "Issue 43's targets (the real models' limits):",
+        "",
+        target_line("step time", step, STEP_TARGET),
+        target_line("compile time", compile_, COMPILE_TARGET),
     ]
+
+
+def target_line(name: str, ratio: tuple[float, float, int], limit: float) -> str:
+    """`Target <name> <= <limit>x: PASS|FAIL`, and whether the ratio lies within two
+    standard errors of the limit (then more seeds could still tell)."""
+    mean, error, _ = ratio
+    verdict = "PASS" if mean <= limit else "FAIL"
+    if math.isfinite(error) and abs(mean - limit) <= 2 * error:
+        verdict += ", within two standard errors of the limit"
+    return f"- Target {name} <= {limit:.2f}x: {verdict} ({mean:.3f}x ± {error:.3f})."
 
 
 def markdown(results: dict) -> str:

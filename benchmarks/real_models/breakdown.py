@@ -7,13 +7,13 @@ import math
 import statistics
 
 import keras_als
-from benchmarks.harness import isolation
+from benchmarks.harness import ablations, isolation
+from benchmarks.harness.stats import ratio_and_standard_error
 from benchmarks.real_models import probes
 from benchmarks.real_models.architectures import build, data
 from benchmarks.real_models.timing import (
     discard_first_build,
     interleaved_medians,
-    ratio_and_standard_error,
     ratio_over_processes,
 )
 
@@ -31,62 +31,8 @@ ABLATIONS = (
 """The step-time ablation's variants (`step_breakdown`)."""
 
 
-class _NoReductions:
-    """Stands in for `keras_als._crossings.Crossings` and reduces nothing (ablation only:
-    scales are then chosen from weight gradients alone)."""
-
-    def __init__(self, graph, measuring, count_zeros):
-        self.reduced = {}
-
-    def arrived(self, boundary, gradients):
-        pass
-
-    def finish(self):
-        pass
-
-
-ONE_SCALE = 2.0**10
-"""Every scale of the `no_boundary_multiplies` ablation (within Keras's
-dynamic range for these models: no step overflows)."""
-
-
-def _not_multiplied(gradient, ratio):
-    """Stands in for `keras_als._boundary.multiply` where every ratio is 1
-    (all scales `ONE_SCALE`): the boundaries' multiplies, left out."""
-    return gradient
-
-
-@contextlib.contextmanager
-def without_crossing_reductions():
-    """Steps traced inside leave out the reductions of the gradients crossing
-    the boundaries (ablation only: scales then come from weight gradients alone).
-
-    Example:
-        >>> with without_crossing_reductions():
-        ...     pass  # model.train_on_batch(x, y): traces without them
-    """
-    from keras_als import _crossings
-
-    original = _crossings.Crossings
-    _crossings.Crossings = _NoReductions
-    try:
-        yield
-    finally:
-        _crossings.Crossings = original
-
-
-@contextlib.contextmanager
-def without_boundary_multiplies():
-    """Steps traced inside leave the boundaries' multiplies out (right only
-    where every ratio is 1: every scale `ONE_SCALE`)."""
-    from keras_als import _boundary
-
-    original = _boundary.multiply
-    _boundary.multiply = _not_multiplied
-    try:
-        yield
-    finally:
-        _boundary.multiply = original
+ONE_SCALE = ablations.ONE_SCALE
+"""Every scale of the `no_boundary_multiplies` ablation."""
 
 
 def _never_measure_again(optimizer) -> None:
@@ -151,9 +97,9 @@ def step_breakdown(
             optimizers[variant] = optimizer
             with contextlib.ExitStack() as ablated:
                 if variant == "no_boundary_reductions":
-                    ablated.enter_context(without_crossing_reductions())
+                    ablated.enter_context(ablations.without_crossing_reductions())
                 if unmultiplied:
-                    ablated.enter_context(without_boundary_multiplies())
+                    ablated.enter_context(ablations.without_boundary_multiplies())
                 for _ in range(3):  # trace, compile and warm up
                     model.train_on_batch(x, y)
             if variant == "measuring_never":

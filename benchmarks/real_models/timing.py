@@ -10,6 +10,7 @@ import time
 import keras
 
 from benchmarks.harness import isolation, stats
+from benchmarks.harness.stats import ratio_and_standard_error
 from benchmarks.real_models import probes
 from benchmarks.real_models.architectures import build, data
 
@@ -110,22 +111,6 @@ def ratio_over_processes(ratios: list[float]) -> tuple[float, float]:
     `mean * stdev(log ratios) / sqrt(n)` (first order; NaN with one ratio)."""
     mean_log, error = stats.mean_and_standard_error([math.log(r) for r in ratios])
     return math.exp(mean_log), math.exp(mean_log) * error
-
-
-def ratio_and_standard_error(ours: list[float], theirs: list[float]) -> tuple[float, float]:
-    """Geometric mean of `ours` over that of `theirs`, and its standard error.
-
-    Each list holds one median step time per instance. The log ratio is the
-    difference of the mean logs; its standard error combines both groups'
-    spread, `sqrt(var(log ours) / n + var(log theirs) / m)` (sample variances),
-    carried to the ratio as `ratio * that` (first order). NaN with fewer than
-    two instances in a group.
-    """
-    (log_ours, error_ours), (log_theirs, error_theirs) = (
-        stats.mean_and_standard_error([math.log(v) for v in values]) for values in (ours, theirs)
-    )
-    ratio = math.exp(log_ours - log_theirs)
-    return ratio, ratio * math.hypot(error_ours, error_theirs)
 
 
 def interleaved_medians(models: dict, x, y, rounds: int, seed: int = 0) -> dict:

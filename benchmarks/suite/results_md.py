@@ -145,12 +145,14 @@ def markdown(
         "compiled instance can run a few percent faster or slower than another of the same "
         "configuration for its whole life; every round times one block of every instance in "
         "a shuffled order, and the ratio is the median over rounds of the mean over "
-        "instances. *LSO spread* is the slowest over the fastest Keras LSO instance: the "
-        "noise floor."
+        "instances, with its standard error from the instances' spread where recorded. "
+        "*LSO spread* is the slowest over the fastest Keras LSO instance: the noise floor."
         + (
             " `als_every_step` measures statistics on every step "
             "(`measure_every_n_steps=1`); `als_fixed_global` is keras_als's optimizer on the "
-            "unwrapped model (one scale), the cost of the optimizer alone."
+            "unwrapped model (one scale), the cost of the optimizer alone; "
+            "`als_no_crossing_reductions` is an ablation for costing only, the step traced "
+            "without the reductions of the gradients crossing the boundaries."
             if any(t.method != OURS for t in results["timings"])
             else ""
         ),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from benchmarks.convergence import Run
 from benchmarks.cost import Timing
 from benchmarks.fidelity import Measurement
@@ -130,7 +132,9 @@ _TIMING_COLUMNS = {
     "Keras LSO ms": lambda t: f"{t.lso_ms:.2f}",
     "variant ms": lambda t: f"{t.als_ms:.2f}",
     "keras_als ms": lambda t: f"{t.als_ms:.2f}",
-    "ratio": lambda t: f"{t.ratio:.3f}",
+    "ratio": lambda t: (
+        f"{t.ratio:.3f}" + ("" if math.isnan(t.ratio_se) else f" ± {t.ratio_se:.3f}")
+    ),
     "LSO spread": lambda t: f"{t.lso_spread:.3f}",
     "overhead ms": lambda t: f"{t.overhead_ms:.3f}",
     "overhead per layer µs": lambda t: f"{1e3 * t.overhead_ms / t.layers:.1f}",

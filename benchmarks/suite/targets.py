@@ -186,11 +186,17 @@ def target_step_time(
         linear = exponent <= 1.1
         growth = f"overhead ~ layers^{exponent:.2f} (fit over the sweep)"
     fast = worst.ratio <= limit
-    failures = [f"{t.model}: {t.ratio:.3f}x" for t in ours if t.ratio > limit]
-    summary = f"worst ratio {worst.ratio:.3f}x ({worst.model}); {growth}"
+    failures = [f"{t.model}: {_ratio(t)}" for t in ours if t.ratio > limit]
+    summary = f"worst ratio {_ratio(worst)} ({worst.model}); {growth}"
     if failures:
         summary += f"; above {limit:.2f}x: {', '.join(failures)}"
     return Target(4, fast and linear, summary, failures)
+
+
+def _ratio(timing: Timing) -> str:
+    """`1.070x`, with ` ± 0.012` where its standard error is known."""
+    error = "" if math.isnan(timing.ratio_se) else f" ± {timing.ratio_se:.3f}"
+    return f"{timing.ratio:.3f}x{error}"
 
 
 def memory_ratios(memory: list[Memory]) -> dict[str, tuple[float, float, float | None]]:
