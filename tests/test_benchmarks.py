@@ -454,6 +454,32 @@ ENTRY %main (a: f32[4], b: f32[4,4]) -> (f32[4], f32[4]) {
     assert programs.kernels_of(hlo) == 3  # the fusion, the dot and the copy
 
 
+def test_kernels_that_only_feed_a_conditional_are_found_through_its_operand_tuple():
+    from benchmarks.real_models import programs
+
+    hlo = """HloModule m
+
+%b (t: (f16[4])) -> f32[] {
+  %t = (f16[4]{0}) parameter(0)
+  ROOT %z = f32[] constant(0)
+}
+
+ENTRY %main (a: f32[4], p: pred[]) -> (f32[4], f32[]) {
+  %a = f32[4]{0} parameter(0)
+  %p = pred[] parameter(1)
+  %rounded = f16[4]{0} fusion(f32[4]{0} %a), kind=kLoop, calls=%round
+  %shared = f16[4]{0} fusion(f32[4]{0} %a), kind=kLoop, calls=%round
+  %used = f32[4]{0} fusion(f16[4]{0} %shared), kind=kLoop, calls=%widen
+  %operands = (f16[4]{0}, f16[4]{0}) tuple(f16[4]{0} %rounded, f16[4]{0} %shared)
+  %nothing = () tuple()
+  %cond = f32[] conditional(%p, %operands, %nothing), true_computation=%b, false_computation=%b
+  ROOT %out = (f32[4]{0}, f32[]) tuple(f32[4]{0} %used, f32[] %cond)
+}
+"""
+    # %shared feeds the branch and %used; only %rounded exists for the branch alone
+    assert programs.for_branches_only(hlo) == ["%rounded"]
+
+
 def test_the_wrap_sweep_builds_tiny_backbones_and_says_what_a_constructor_lacks():
     pytest.importorskip("keras_hub")
     from benchmarks import wrap_sweep

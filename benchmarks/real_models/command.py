@@ -244,7 +244,10 @@ def main(argv=None) -> None:
             print(
                 f"{name:14s} operations in the traced step: keras {ops['keras']}, keras_als "
                 f"{ops['keras_als']} ({ops['keras_als'] / ops['keras']:.2f}x); kernels of "
-                f"the compiled step: keras {kernels['keras']}, keras_als {kernels['keras_als']}",
+                f"the compiled step: keras {kernels['keras']}, keras_als {kernels['keras_als']}; "
+                "of those, only to hand conditionals their operands: keras "
+                f"{kernels['for_branches_only']['keras']}, keras_als "
+                f"{kernels['for_branches_only']['keras_als']}",
                 flush=True,
             )
         print(f"{name:14s} targets missed: {', '.join(missed(row)) or 'none'}", flush=True)

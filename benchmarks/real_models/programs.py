@@ -46,6 +46,10 @@ def step_kernels(name: str) -> dict:
         "wrapper_only_same_program": same_program(plain, compiled_step(name, "keras", wrap=True)),
         "instructions": {"keras": instructions_of(plain), "keras_als": instructions_of(ours)},
         "fusions": {"keras": fusions_of(plain), "keras_als": fusions_of(ours)},
+        "for_branches_only": {
+            "keras": len(for_branches_only(plain)),
+            "keras_als": len(for_branches_only(ours)),
+        },
     }
     return counts
 
@@ -128,6 +132,40 @@ def kernels_of(hlo: str) -> int:
         opcode = _opcode(right)
         count += bool(opcode) and opcode not in NOT_KERNELS
     return count
+
+
+def for_branches_only(hlo: str) -> list[str]:
+    """Kernels of optimized HLO text's entry computation whose results only
+    conditionals read (directly or through the tuples of their operands): work
+    every step does to hand a branch its operands, whether the branch runs or not.
+
+    On a CPU, XLA computes a float16 matrix product in float32 and rounds its
+    result inside each consumer's kernel; a branch that reduces the float16
+    gradient needs it as a buffer, so one more kernel writes it, on every step.
+    """
+    entry = hlo[hlo.index("\nENTRY") + 1 :]
+    entry = entry[: entry.index("\n}")]
+    defined, readers = {}, {}
+    for line in entry.splitlines()[1:]:
+        name, _, right = line.strip().partition(" = ")
+        right = right.split(", metadata=")[0]
+        defined[name.removeprefix("ROOT ")] = right
+        for operand in re.findall(r"%[\w.\-]+", right.partition("(")[2]):
+            readers.setdefault(operand, []).append(name.removeprefix("ROOT "))
+    branch_operands = set()
+    for name, right in defined.items():
+        if _opcode(right) == "conditional":
+            branch_operands.add(name)
+            branch_operands.update(re.findall(r"%[\w.\-]+", right.partition("(")[2])[1:])
+    tuples = {n for n in branch_operands if _opcode(defined.get(n, "")) == "tuple"}
+    return [
+        name
+        for name, right in defined.items()
+        if _opcode(right) not in NOT_KERNELS
+        and _opcode(right) != "conditional"
+        and readers.get(name)
+        and all(r in tuples or _opcode(defined[r]) == "conditional" for r in readers[name])
+    ]
 
 
 def instructions_of(hlo: str) -> int:
