@@ -57,7 +57,7 @@ class Memory:
     xla_peak_bytes: int | None = None
 
 
-ABLATIONS = ("no_crossing_reductions",)
+ABLATIONS = ("no_crossing_reductions",)  # of harness.ablations.NAMED
 """What `measure` can leave out of keras_als's step to cost it: the reductions
 of the gradients crossing the boundaries (scales then come from the weight
 gradients alone; for costing only)."""
@@ -115,13 +115,9 @@ def high_water_mb() -> float:
 
 def ablated(name: str) -> contextlib.AbstractContextManager:
     """Steps traced inside leave `name` (of `ABLATIONS`; "" for nothing) out."""
-    if name == "no_crossing_reductions":
-        from benchmarks.harness import ablations
+    from benchmarks.harness import ablations
 
-        return ablations.without_crossing_reductions()
-    if name:
-        raise ValueError(f"Unknown ablation {name!r}; known: {', '.join(ABLATIONS)}.")
-    return contextlib.nullcontext()
+    return ablations.named(name)
 
 
 def _probe(model_name: str, method_name: str, steps: int) -> dict:

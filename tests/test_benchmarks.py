@@ -212,6 +212,23 @@ def test_the_step_time_breakdown_times_the_ablation_beside_keras_als_on_a_small_
     assert all(t.layers == 4 and 0.2 < t.ratio < 5.0 for t in timings), timings
 
 
+def test_the_compile_breakdown_takes_each_variant_s_median_over_fresh_processes(monkeypatch):
+    from benchmarks.real_models import probes
+
+    asked, seconds = [], iter([10.0, 13.0, 11.0, 12.0, 15.0, 11.5, 11.0, 14.0, 11.2])
+    variants = probes.COMPILE_VARIANTS[:3]
+
+    def probe(kind, name, method, jit):
+        asked.append((kind, name, method, jit))
+        return {"first_step": next(seconds)}
+
+    monkeypatch.setattr(probes, "run_probe", probe)
+    result = probes.compile_breakdown("m", repeats=3, variants=variants)
+    assert result == {"keras": 11.0, "keras_als": 14.0, "keras_als:no_crossing_reductions": 11.2}
+    assert [a[2] for a in asked[:3]] == list(variants)  # alternating
+    assert all(a[0] == "compile" and a[3] for a in asked)
+
+
 def test_error_and_underflow_definitions():
     import numpy as np
 

@@ -66,3 +66,16 @@ def without_boundary_multiplies():
         yield
     finally:
         _boundary.multiply = original
+
+
+NAMED = {"no_crossing_reductions": without_crossing_reductions}
+"""The ablations a command can name."""
+
+
+def named(name: str) -> contextlib.AbstractContextManager:
+    """The ablation called `name` (of `NAMED`), or nothing for ""."""
+    if not name:
+        return contextlib.nullcontext()
+    if name not in NAMED:
+        raise ValueError(f"Unknown ablation {name!r}; known: {', '.join(NAMED)}.")
+    return NAMED[name]()

@@ -18,9 +18,10 @@ import time
 import keras
 
 from benchmarks import memory
+from benchmarks.harness import ablations
 from benchmarks.real_models.architectures import BATCH, MODELS, OTHER_FAMILIES, build, builder, data
 from benchmarks.real_models.breakdown import ABLATIONS, step_breakdown, step_breakdown_in_processes
-from benchmarks.real_models.probes import compile_times, memory_of
+from benchmarks.real_models.probes import compile_breakdown, compile_times, memory_of
 from benchmarks.real_models.programs import graph_ops, step_kernels
 from benchmarks.real_models.report import markdown, memory_cell, missed, step_cell
 from benchmarks.real_models.skips import skip_trace
@@ -48,11 +49,15 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
         result = step_breakdown(name, instances=int(instances), variants=variants.split(","))
         print(json.dumps(result))
         return
-    if kind == "compile":
-        model, _ = build(name, method, jit=jit)
+    if kind == "compile":  # method: a method, or a variant of `probes.COMPILE_VARIANTS`
+        method, _, ablation = method.partition(":")
+        wrap = {"optimizer_only": False, "wrapper_only": True}.get(method)
+        method = {"optimizer_only": "keras_als", "wrapper_only": "keras"}.get(method, method)
+        model, _ = build(name, method, jit=jit, wrap=wrap)
         x, y = data(name, 1)
         start = time.perf_counter()
-        model.train_on_batch(x, y)
+        with ablations.named(ablation):
+            model.train_on_batch(x, y)
         print(json.dumps({"first_step": time.perf_counter() - start}))
         return
     with tempfile.TemporaryDirectory(prefix="keras_als_xla_") as dump:
@@ -87,7 +92,8 @@ def main(argv=None) -> None:
         default="skips,cost",
         help="skips (skipped steps), cost (step and compile time, memory), step (step "
         "time alone), compile (compile time and memory alone), memory (XLA step memory "
-        "alone), breakdown (step-time "
+        "alone), compile_breakdown (first step without the crossing reductions), breakdown "
+        "(step-time "
         "ablation), graph (operations in the traced step), build_order (Keras's step "
         "time by the order its instances were built)",
     )
@@ -193,6 +199,14 @@ def main(argv=None) -> None:
         if "cost" in parts or "compile" in parts:
             row.update(compile_times(name, args.repeats))
             print(f"{name:14s} compile time {row['compile_ratio']:.3f}x", flush=True)
+        if "compile_breakdown" in parts:
+            row["compile_breakdown"] = seconds = compile_breakdown(name, args.repeats)
+            each = [f"{v} {t:.1f} ({t / seconds['keras']:.3f}x)" for v, t in seconds.items()]
+            print(
+                f"{name:14s} first step with XLA, s (median of {args.repeats} processes): "
+                + ", ".join(each),
+                flush=True,
+            )
         if "cost" in parts or "compile" in parts or "memory" in parts:
             used = {method: memory_of(name, method) for method in ("keras", "keras_als")}
             row["memory"] = used

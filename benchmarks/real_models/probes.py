@@ -31,6 +31,29 @@ def compile_times(name: str, repeats: int = 3) -> dict:
     }
 
 
+COMPILE_VARIANTS = (
+    "keras",
+    "keras_als",
+    "keras_als:no_crossing_reductions",
+    "optimizer_only",
+    "wrapper_only",
+)
+"""The compile breakdown's variants: a method, after a colon an ablation
+(`benchmarks.harness.ablations.NAMED`) its step is traced without;
+`optimizer_only`, keras_als's optimizer on the model not instrumented;
+`wrapper_only`, the instrumented model with Keras's optimizer."""
+
+
+def compile_breakdown(name: str, repeats: int = 3, variants=COMPILE_VARIANTS) -> dict:
+    """First step with XLA of each of `variants`, each in a fresh process,
+    alternating; the median over `repeats` processes per variant, in seconds."""
+    seconds = {v: [] for v in variants}
+    for _ in range(repeats):
+        for variant in variants:
+            seconds[variant].append(run_probe("compile", name, variant, True)["first_step"])
+    return {v: statistics.median(s) for v, s in seconds.items()}
+
+
 def memory_of(name: str, method: str) -> dict:
     """XLA step memory and peak RSS of one configuration, in a fresh process."""
     return run_probe("memory", name, method, True)
