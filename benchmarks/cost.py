@@ -235,11 +235,13 @@ def interleaved(
     ]
 
 
-def _traced_for(method_name: str):
+ABLATION_OF = {"als_no_crossing_reductions": "no_crossing_reductions"}
+"""The breakdown variants that are ablations (`harness.ablations.NAMED`)."""
+
+
+def _traced_for(method_name: str) -> contextlib.AbstractContextManager:
     """What the step of `method_name` is traced inside: its ablation, if it is one."""
-    if method_name == "als_no_crossing_reductions":
-        return ablations.without_crossing_reductions()
-    return contextlib.nullcontext()
+    return ablations.named(ABLATION_OF.get(method_name, ""))
 
 
 def layer_sweep(

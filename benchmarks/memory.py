@@ -20,7 +20,6 @@ The subprocess prints one JSON line; `measure` runs it and parses it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import json
@@ -29,6 +28,8 @@ import re
 import subprocess
 import sys
 import tempfile
+
+from benchmarks.harness import ablations
 
 MODELS = ("cnn_batchnorm", "transformer", "mlp_50")
 """Models measured (names from `benchmarks.cost`)."""
@@ -57,14 +58,10 @@ class Memory:
     xla_peak_bytes: int | None = None
 
 
-ABLATIONS = ("no_crossing_reductions",)  # of harness.ablations.NAMED
-"""What `measure` can leave out of keras_als's step to cost it: the reductions
-of the gradients crossing the boundaries (scales then come from the weight
-gradients alone; for costing only)."""
-
-
 def measure(model: str, method: str, steps: int = 20, ablation: str = "") -> Memory:
-    """Runs one configuration in a fresh subprocess; returns what it measured."""
+    """Runs one configuration in a fresh subprocess; returns what it measured,
+    with `ablation` (of `harness.ablations.NAMED`, "" for none) left out of
+    keras_als's step, to cost it."""
     command = [sys.executable, "-m", "benchmarks.memory", model, method, str(steps), ablation]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -113,13 +110,6 @@ def high_water_mb() -> float:
     return int(found.group(1)) / 1024.0 if found else float("nan")
 
 
-def ablated(name: str) -> contextlib.AbstractContextManager:
-    """Steps traced inside leave `name` (of `ABLATIONS`; "" for nothing) out."""
-    from benchmarks.harness import ablations
-
-    return ablations.named(name)
-
-
 def _probe(model_name: str, method_name: str, steps: int) -> dict:
     import tensorflow as tf
 
@@ -149,7 +139,8 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
 def main(argv: list[str]) -> None:
     """With no arguments, measures every model of `MODELS` under Keras LSO and
     keras_als, each in a fresh subprocess, and prints the memory table and
-    target 5. As the subprocess: `MODEL METHOD [STEPS [ABLATION]]` (`ABLATIONS`);
+    target 5. As the subprocess: `MODEL METHOD [STEPS [ABLATION]]`
+    (`harness.ablations.NAMED`);
     prints one JSON line."""
     if not argv:
         from benchmarks.suite import tables, targets
@@ -165,7 +156,7 @@ def main(argv: list[str]) -> None:
         )
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         steps = int(argv[2]) if len(argv) > 2 else 20
-        with ablated(argv[3] if len(argv) > 3 else ""):
+        with ablations.named(argv[3] if len(argv) > 3 else ""):
             print(json.dumps(_probe(argv[0], argv[1], steps)), flush=True)
 
 

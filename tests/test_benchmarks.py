@@ -175,7 +175,8 @@ def test_the_memory_command_measures_every_model_under_both_methods(monkeypatch,
 def test_the_memory_and_step_time_ablations_leave_the_crossing_reductions_out_and_back():
     import tensorflow as tf
 
-    from benchmarks import cost, memory
+    from benchmarks import cost
+    from benchmarks.harness import ablations
     from keras_als import _crossings
 
     boundary = object()
@@ -190,13 +191,13 @@ def test_the_memory_and_step_time_ablations_leave_the_crossing_reductions_out_an
             return {b: tf.compat.v1.Session().run(r.amax) for b, r in crossings.reduced.items()}
 
     assert reductions() == {id(boundary): 3.0}
-    with memory.ablated("no_crossing_reductions"):
+    with ablations.named("no_crossing_reductions"):
         assert reductions() == {}
     assert reductions() == {id(boundary): 3.0}
-    with memory.ablated(""):
+    with ablations.named(""):
         assert reductions() == {id(boundary): 3.0}
     with pytest.raises(ValueError, match="no_crossing_reductions"):
-        memory.ablated("no_such_thing")
+        ablations.named("no_such_thing")
     with cost._traced_for("als_no_crossing_reductions"):
         assert reductions() == {}
     with cost._traced_for("als_max_safe"):
@@ -227,6 +228,34 @@ def test_the_compile_breakdown_takes_each_variant_s_median_over_fresh_processes(
     assert result == {"keras": 11.0, "keras_als": 14.0, "keras_als:no_crossing_reductions": 11.2}
     assert [a[2] for a in asked[:3]] == list(variants)  # alternating
     assert all(a[0] == "compile" and a[3] for a in asked)
+
+
+def test_the_compile_probe_builds_each_variant_with_its_optimizer_and_instrumentation(
+    monkeypatch, capsys
+):
+    from benchmarks.real_models import command
+
+    built = []
+
+    class Model:
+        def train_on_batch(self, x, y):
+            pass
+
+    def build(name, method, seed=0, jit=True, wrap=None):
+        built.append((method, seed, wrap))
+        return Model(), None
+
+    monkeypatch.setattr(command, "build", build)
+    monkeypatch.setattr(command, "data", lambda name, batches: (None, None))
+    for variant in ("keras", "keras_als", "optimizer_only", "wrapper_only"):
+        command._probe("compile", "m", variant, jit=True)
+    assert built == [
+        ("keras", 0, None),
+        ("keras_als", 0, None),
+        ("keras_als", 0, False),
+        ("keras", 0, True),
+    ]
+    assert capsys.readouterr().out.count('{"first_step": ') == 4
 
 
 def test_error_and_underflow_definitions():

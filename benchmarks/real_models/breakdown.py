@@ -31,8 +31,12 @@ ABLATIONS = (
 """The step-time ablation's variants (`step_breakdown`)."""
 
 
-ONE_SCALE = ablations.ONE_SCALE
-"""Every scale of the `no_boundary_multiplies` ablation."""
+def method_and_wrap(variant: str) -> tuple[str, bool | None]:
+    """Whose optimizer a variant of `ABLATIONS` (or of the compile breakdown's)
+    trains with, and whether its model is instrumented (None: as the method is)."""
+    keras_optimizer = variant in ("keras", "keras_again", "wrapper_only", "keras_with_state")
+    wrap = {"optimizer_only": False, "wrapper_only": True}.get(variant)
+    return ("keras" if keras_optimizer else "keras_als"), wrap
 
 
 def _never_measure_again(optimizer) -> None:
@@ -55,7 +59,7 @@ def step_breakdown(
     never measured again after the warm-up steps (the next measurement set 10**6 steps away),
     keras_als without the reductions of the gradients crossing the boundaries (an
     ablation that changes what the scales are chosen from, for costing only),
-    keras_als without the boundaries' multiplies (every scale `ONE_SCALE`, so
+    keras_als without the boundaries' multiplies (every scale `ablations.ONE_SCALE`, so
     every ratio is 1 and leaving them out changes no value), and
     each half alone: keras_als's optimizer on the model not wrapped (one scale,
     the loss's), and the wrapped model with Keras's optimizer; and Keras's
@@ -75,24 +79,19 @@ def step_breakdown(
     discard_first_build(name, x, y, seed)
     for k in range(instances):
         for variant in isolation.in_build_order(tuple(variants), k):
-            keras_optimizer = variant in (
-                "keras",
-                "keras_again",
-                "wrapper_only",
-                "keras_with_state",
-            )
-            wrap = {"optimizer_only": False, "wrapper_only": True}.get(variant)
+            method, wrap = method_and_wrap(variant)
             state = 0
             if variant == "keras_with_state":  # keras and keras_als are built (group 0 first)
                 state = len(optimizers["keras_als"].variables) - len(optimizers["keras"].variables)
             unmultiplied = variant == "no_boundary_multiplies"
+            policy = keras_als.policies.Fixed(ablations.ONE_SCALE) if unmultiplied else "max_safe"
             model, optimizer = build(
                 name,
-                "keras" if keras_optimizer else "keras_als",
+                method,
                 seed,
                 wrap=wrap,
                 state_variables=state,
-                scale_policy=keras_als.policies.Fixed(ONE_SCALE) if unmultiplied else "max_safe",
+                scale_policy=policy,
             )
             optimizers[variant] = optimizer
             with contextlib.ExitStack() as ablated:

@@ -20,7 +20,12 @@ import keras
 from benchmarks import memory
 from benchmarks.harness import ablations
 from benchmarks.real_models.architectures import BATCH, MODELS, OTHER_FAMILIES, build, builder, data
-from benchmarks.real_models.breakdown import ABLATIONS, step_breakdown, step_breakdown_in_processes
+from benchmarks.real_models.breakdown import (
+    ABLATIONS,
+    method_and_wrap,
+    step_breakdown,
+    step_breakdown_in_processes,
+)
 from benchmarks.real_models.probes import compile_breakdown, compile_times, memory_of
 from benchmarks.real_models.programs import graph_ops, step_kernels
 from benchmarks.real_models.report import markdown, memory_cell, missed, step_cell
@@ -50,9 +55,8 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
         print(json.dumps(result))
         return
     if kind == "compile":  # method: a method, or a variant of `probes.COMPILE_VARIANTS`
-        method, _, ablation = method.partition(":")
-        wrap = {"optimizer_only": False, "wrapper_only": True}.get(method)
-        method = {"optimizer_only": "keras_als", "wrapper_only": "keras"}.get(method, method)
+        variant, _, ablation = method.partition(":")
+        method, wrap = method_and_wrap(variant)
         model, _ = build(name, method, jit=jit, wrap=wrap)
         x, y = data(name, 1)
         start = time.perf_counter()

@@ -124,10 +124,8 @@ def kernels_of(hlo: str) -> int:
     """Instructions of optimized HLO text's entry computation that run work
     (fusions, matrix products, copies, conditionals, ...): the kernels of every
     step (what a conditional's branches hold is not counted: it may not run)."""
-    entry = hlo[hlo.index("\nENTRY") + 1 :]
-    entry = entry[: entry.index("\n}")]
     count = 0
-    for line in entry.splitlines()[1:]:
+    for line in _entry_lines(hlo):
         _, _, right = line.partition(" = ")
         opcode = _opcode(right)
         count += bool(opcode) and opcode not in NOT_KERNELS
@@ -143,15 +141,13 @@ def for_branches_only(hlo: str) -> list[str]:
     result inside each consumer's kernel; a branch that reduces the float16
     gradient needs it as a buffer, so one more kernel writes it, on every step.
     """
-    entry = hlo[hlo.index("\nENTRY") + 1 :]
-    entry = entry[: entry.index("\n}")]
     defined, readers = {}, {}
-    for line in entry.splitlines()[1:]:
-        name, _, right = line.strip().partition(" = ")
+    for line in _entry_lines(hlo):
+        name, _, right = line.strip().removeprefix("ROOT ").partition(" = ")
         right = right.split(", metadata=")[0]
-        defined[name.removeprefix("ROOT ")] = right
+        defined[name] = right
         for operand in re.findall(r"%[\w.\-]+", right.partition("(")[2]):
-            readers.setdefault(operand, []).append(name.removeprefix("ROOT "))
+            readers.setdefault(operand, []).append(name)
     branch_operands = set()
     for name, right in defined.items():
         if _opcode(right) == "conditional":
@@ -166,6 +162,12 @@ def for_branches_only(hlo: str) -> list[str]:
         and readers.get(name)
         and all(r in tuples or _opcode(defined[r]) == "conditional" for r in readers[name])
     ]
+
+
+def _entry_lines(hlo: str) -> list[str]:
+    """The instruction lines of optimized HLO text's entry computation."""
+    entry = hlo[hlo.index("\nENTRY") + 1 :]
+    return entry[: entry.index("\n}")].splitlines()[1:]
 
 
 def instructions_of(hlo: str) -> int:
