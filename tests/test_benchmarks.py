@@ -1,6 +1,7 @@
 """The benchmark report's PASS/FAIL logic, on synthetic numbers (no training)."""
 
 import math
+import statistics
 
 import pytest
 
@@ -213,7 +214,7 @@ def test_the_step_time_breakdown_times_the_ablation_beside_keras_als_on_a_small_
     assert all(t.layers == 4 and 0.2 < t.ratio < 5.0 for t in timings), timings
 
 
-def test_the_compile_breakdown_takes_each_variant_s_median_over_fresh_processes(monkeypatch):
+def test_the_compile_breakdown_gives_medians_and_ratios_paired_by_round(monkeypatch):
     from benchmarks.real_models import probes
 
     asked, seconds = [], iter([10.0, 13.0, 11.0, 12.0, 15.0, 11.5, 11.0, 14.0, 11.2])
@@ -225,7 +226,17 @@ def test_the_compile_breakdown_takes_each_variant_s_median_over_fresh_processes(
 
     monkeypatch.setattr(probes, "run_probe", probe)
     result = probes.compile_breakdown("m", repeats=3, variants=variants)
-    assert result == {"keras": 11.0, "keras_als": 14.0, "keras_als:no_crossing_reductions": 11.2}
+    assert result["seconds"] == {
+        "keras": 11.0,
+        "keras_als": 14.0,
+        "keras_als:no_crossing_reductions": 11.2,
+    }
+    # Paired by round: keras 10, 12, 11 against keras_als 13, 15, 14.
+    logs = [math.log(13 / 10), math.log(15 / 12), math.log(14 / 11)]
+    ratio, error = result["ratio"]["keras_als"]
+    assert ratio == pytest.approx(math.exp(sum(logs) / 3), rel=1e-12)
+    assert error == pytest.approx(ratio * statistics.stdev(logs) / math.sqrt(3), rel=1e-12)
+    assert result["ratio"]["keras"] == [1.0, 0.0]
     assert [a[2] for a in asked[:3]] == list(variants)  # alternating
     assert all(a[0] == "compile" and a[3] for a in asked)
 
@@ -394,6 +405,20 @@ def test_a_step_ratio_is_a_ratio_of_geometric_means_with_a_standard_error():
     same, none = stats.ratio_and_standard_error([1.1, 1.1, 1.1], [1.0, 1.0])
     assert same == pytest.approx(1.1, rel=1e-12) and none == 0.0
     assert math.isnan(stats.ratio_and_standard_error([1.0], [1.0, 2.0])[1])
+
+
+def test_a_paired_ratio_takes_each_pair_s_ratio_and_refuses_unpaired_lists():
+    from benchmarks.harness import stats
+
+    # A drift that doubles both sides of the second pair leaves its ratio 2.
+    ratio, standard_error = stats.paired_ratio_and_standard_error([2.0, 4.0], [1.0, 2.0])
+    assert ratio == pytest.approx(2.0, rel=1e-12) and standard_error == pytest.approx(0.0)
+    ratio, standard_error = stats.paired_ratio_and_standard_error([2.0, 8.0], [1.0, 1.0])
+    # Log ratios log 2 and 3 log 2: mean 2 log 2, standard error log 2.
+    assert ratio == pytest.approx(4.0, rel=1e-12)
+    assert standard_error == pytest.approx(4.0 * math.log(2), rel=1e-12)
+    with pytest.raises(ValueError, match="unpaired"):
+        stats.paired_ratio_and_standard_error([1.0, 2.0], [1.0])
 
 
 def test_real_model_table_gives_the_step_ratio_with_its_error_and_the_keras_spread():

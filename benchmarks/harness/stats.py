@@ -53,3 +53,18 @@ def ratio_and_standard_error(ours: list[float], theirs: list[float]) -> tuple[fl
     )
     ratio = math.exp(log_ours - log_theirs)
     return ratio, ratio * math.hypot(error_ours, error_theirs)
+
+
+def paired_ratio_and_standard_error(ours: list[float], theirs: list[float]) -> tuple[float, float]:
+    """Geometric mean of `ours[i] / theirs[i]` and its standard error.
+
+    The pairs are measured side by side (one round of fresh processes each),
+    so a drift of the machine between rounds cancels in each ratio. The
+    standard error is that of the mean log ratio, carried to the ratio as
+    `ratio * that` (first order); NaN with fewer than two pairs.
+    """
+    if len(ours) != len(theirs):
+        raise ValueError(f"unpaired: {len(ours)} values against {len(theirs)}")
+    log_ratio, error = mean_and_standard_error([math.log(a / b) for a, b in zip(ours, theirs)])
+    ratio = math.exp(log_ratio)
+    return ratio, ratio * error

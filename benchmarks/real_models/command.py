@@ -204,11 +204,14 @@ def main(argv=None) -> None:
             row.update(compile_times(name, args.repeats))
             print(f"{name:14s} compile time {row['compile_ratio']:.3f}x", flush=True)
         if "compile_breakdown" in parts:
-            row["compile_breakdown"] = seconds = compile_breakdown(name, args.repeats)
-            each = [f"{v} {t:.1f} ({t / seconds['keras']:.3f}x)" for v, t in seconds.items()]
+            row["compile_breakdown"] = split = compile_breakdown(name, args.repeats)
+            each = [
+                f"{v} {split['seconds'][v]:.1f} ({ratio:.3f}x ± {error:.3f})"
+                for v, (ratio, error) in split["ratio"].items()
+            ]
             print(
-                f"{name:14s} first step with XLA, s (median of {args.repeats} processes): "
-                + ", ".join(each),
+                f"{name:14s} first step with XLA, s (median of {args.repeats} processes; "
+                "ratio to keras's, paired by round, ± s.e.): " + ", ".join(each),
                 flush=True,
             )
         if "cost" in parts or "compile" in parts or "memory" in parts:

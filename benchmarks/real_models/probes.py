@@ -7,6 +7,8 @@ import statistics
 import subprocess
 import sys
 
+from benchmarks.harness import stats
+
 
 def compile_times(name: str, repeats: int = 3) -> dict:
     """First-step time of both methods, each in a fresh process, alternating.
@@ -46,12 +48,21 @@ COMPILE_VARIANTS = (
 
 def compile_breakdown(name: str, repeats: int = 3, variants=COMPILE_VARIANTS) -> dict:
     """First step with XLA of each of `variants`, each in a fresh process,
-    alternating; the median over `repeats` processes per variant, in seconds."""
+    alternating. "seconds": each variant's median over `repeats` processes;
+    "ratio": each variant's `[ratio, standard error]` to the first variant's,
+    paired by round (`stats.paired_ratio_and_standard_error`)."""
     seconds = {v: [] for v in variants}
     for _ in range(repeats):
         for variant in variants:
             seconds[variant].append(run_probe("compile", name, variant, True)["first_step"])
-    return {v: statistics.median(s) for v, s in seconds.items()}
+    reference = seconds[variants[0]]
+    return {
+        "seconds": {v: statistics.median(s) for v, s in seconds.items()},
+        "ratio": {
+            v: list(stats.paired_ratio_and_standard_error(s, reference)) for v, s in seconds.items()
+        },
+        "samples": seconds,
+    }
 
 
 def memory_of(name: str, method: str) -> dict:
