@@ -34,6 +34,18 @@ from benchmarks.harness import ablations
 MODELS = ("cnn_batchnorm", "transformer", "mlp_50")
 """Models measured (names from `benchmarks.cost`)."""
 
+BREAKDOWN = (
+    ("keras_lso", ""),
+    ("als_max_safe", ""),
+    ("als_max_safe", "no_crossing_reductions"),
+    ("als_fixed_global", ""),
+    ("keras_lso_instrumented", ""),
+)
+"""`--breakdown`'s variants, (method, ablation): Keras's optimizer; keras_als;
+keras_als traced without the crossing gradients' reductions; keras_als's
+optimizer on the model not instrumented, one scale (optimizer only); Keras's
+optimizer on the instrumented model (instrumentation only)."""
+
 
 @dataclasses.dataclass
 class Memory:
@@ -69,6 +81,35 @@ def measure(model: str, method: str, steps: int = 20, ablation: str = "") -> Mem
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"memory probe {model} {method} failed:\n{done.stderr[-3000:]}")
     return Memory(**json.loads(lines[-1]))
+
+
+def breakdown(model: str, steps: int = 5) -> list[tuple[str, Memory]]:
+    """`BREAKDOWN`'s variants of `model`, each in a fresh subprocess, named
+    `method` or `method:ablation`. XLA's buffer assignment is the same in every
+    process, so one process per variant is enough."""
+    return [
+        (f"{method}:{ablation}" if ablation else method, measure(model, method, steps, ablation))
+        for method, ablation in BREAKDOWN
+    ]
+
+
+def breakdown_table(model: str, used: list[tuple[str, Memory]]) -> str:
+    """Markdown: each variant's XLA step memory, total and at peak, in MiB and
+    as a ratio to the first variant's (Keras's)."""
+    reference = used[0][1]
+    lines = [
+        f"{model}: XLA step memory, MiB (ratio to {used[0][0]})",
+        "",
+        "| variant | total | at peak |",
+        "| --- | --- | --- |",
+    ]
+    for name, m in used:
+        lines.append(
+            f"| {name} | {m.xla_bytes / 2**20:.2f} ({m.xla_bytes / reference.xla_bytes:.3f}x) "
+            f"| {m.xla_peak_bytes / 2**20:.2f} "
+            f"({m.xla_peak_bytes / reference.xla_peak_bytes:.3f}x) |"
+        )
+    return "\n".join(lines)
 
 
 def xla_total(dump: str, name: str = "train_step") -> int:
@@ -110,6 +151,17 @@ def high_water_mb() -> float:
     return int(found.group(1)) / 1024.0 if found else float("nan")
 
 
+def _instrumented_keras_lso():
+    from benchmarks.harness import scaling
+
+    return scaling.Method(
+        "keras_lso_instrumented",
+        "keras_lso",
+        wrap=True,
+        label="Keras's LossScaleOptimizer on the instrumented model (instrumentation only)",
+    )
+
+
 def _probe(model_name: str, method_name: str, steps: int) -> dict:
     import tensorflow as tf
 
@@ -117,7 +169,8 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
     from benchmarks.harness import isolation, scaling, xla_step
 
     builder, x, y = cost.model_named(model_name)
-    method = {m.name: m for m in scaling.ALL_METHODS}[method_name]
+    known = (*scaling.ALL_METHODS, *cost.BREAKDOWN, _instrumented_keras_lso())
+    method = {m.name: m for m in known}[method_name]
     isolation.set_seed(0)
     model, optimizer = method.build(builder)
     step = xla_step.compiled_step(model, optimizer, cost.loss_for(y, model))
@@ -139,9 +192,13 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
 def main(argv: list[str]) -> None:
     """With no arguments, measures every model of `MODELS` under Keras LSO and
     keras_als, each in a fresh subprocess, and prints the memory table and
-    target 5. As the subprocess: `MODEL METHOD [STEPS [ABLATION]]`
-    (`harness.ablations.NAMED`);
+    target 5. `--breakdown MODEL...`: each model's `BREAKDOWN` table. As the
+    subprocess: `MODEL METHOD [STEPS [ABLATION]]` (`harness.ablations.NAMED`);
     prints one JSON line."""
+    if argv and argv[0] == "--breakdown":
+        for model in argv[1:] or MODELS:
+            print(breakdown_table(model, breakdown(model)), end="\n\n", flush=True)
+        return
     if not argv:
         from benchmarks.suite import tables, targets
 

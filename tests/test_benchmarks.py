@@ -136,6 +136,26 @@ def test_step_time_ratios_carry_their_standard_error_into_the_table_and_the_targ
     assert "| 1.070 ± 0.012 |" in table and "| 1.000 |" in table  # unknown: no ± nan
 
 
+def test_the_memory_breakdown_measures_each_variant_and_gives_ratios_to_keras(monkeypatch):
+    from benchmarks import memory
+
+    asked = []
+
+    def measure(model, method, steps=20, ablation=""):
+        asked.append((model, method, ablation))
+        total = {"keras_lso": 2**20, "als_max_safe": 2**21}.get(method, 2**20)
+        return Memory(model, method, total, 900.0, 200.0, total // 2)
+
+    monkeypatch.setattr(memory, "measure", measure)
+    used = memory.breakdown("cnn_batchnorm")
+    assert [a[1:] for a in asked] == list(memory.BREAKDOWN)
+    names = [name for name, _ in used]
+    assert names[:3] == ["keras_lso", "als_max_safe", "als_max_safe:no_crossing_reductions"]
+    table = memory.breakdown_table("cnn_batchnorm", used)
+    assert "| keras_lso | 1.00 (1.000x) | 0.50 (1.000x) |" in table
+    assert "| als_max_safe | 2.00 (2.000x) | 1.00 (2.000x) |" in table
+
+
 def test_memory_target_checks_the_step_total_and_its_peak():
     memory = [
         Memory("cnn", "keras_lso", 1000, 900.0, 200.0, 500),
