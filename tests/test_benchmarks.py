@@ -480,6 +480,15 @@ def test_a_step_ratio_below_the_target_by_less_than_two_standard_errors_is_at_th
     assert report.missed({**row, "step_ratio": 1.04, "step_ratio_se": 0.1}) == ["step_time"]
 
 
+def test_the_log_says_when_the_parts_run_measured_no_target():
+    from benchmarks.real_models import report
+
+    assert report.missed_line({"compile_breakdown": {}}) == "none measured by these parts"
+    row = _real_model_row(1, step_ratio=1.015)
+    assert report.missed_line({**row, "step_ratio_se": 0.002}) == "none"
+    assert report.missed_line({**row, "step_ratio": 1.04}) == "step_time"
+
+
 def test_models_measured_for_skipped_steps_alone_get_a_table_of_their_own():
     from benchmarks.real_models import report
 

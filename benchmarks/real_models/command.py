@@ -28,7 +28,7 @@ from benchmarks.real_models.breakdown import (
 )
 from benchmarks.real_models.probes import compile_breakdown, compile_times, memory_of
 from benchmarks.real_models.programs import graph_ops, step_kernels
-from benchmarks.real_models.report import markdown, memory_cell, missed, step_cell
+from benchmarks.real_models.report import markdown, memory_cell, missed_line, step_cell
 from benchmarks.real_models.skips import skip_trace
 from benchmarks.real_models.timing import (
     INSTANCES,
@@ -271,7 +271,7 @@ def main(argv=None) -> None:
                 f"{kernels['for_branches_only']['keras_als']}",
                 flush=True,
             )
-        print(f"{name:14s} targets missed: {', '.join(missed(row)) or 'none'}", flush=True)
+        print(f"{name:14s} targets missed: {missed_line(row)}", flush=True)
         with open(args.out + ".json", "w") as f:
             json.dump(results, f, indent=1)
     rows = results["models"]

@@ -46,6 +46,14 @@ def missed(row: dict) -> list[str]:
     return names
 
 
+def missed_line(row: dict) -> str:
+    """`missed(row)` for the command's log; says so when the parts run
+    measured no target (a compile breakdown or a graph alone)."""
+    if not verdicts(row):
+        return "none measured by these parts"
+    return ", ".join(missed(row)) or "none"
+
+
 def memory_cell(row: dict) -> str:
     """XLA step memory's ratio, total and, where read, live at the peak."""
     peak = row.get("memory_peak_ratio")
