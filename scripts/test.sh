@@ -10,12 +10,6 @@ venv=${KERAS_ALS_VENV:-.venv}
 "$venv/bin/ruff" check keras_als tests benchmarks examples
 status=0
 # Two workers (pytest-xdist): one per core; KERAS_ALS_TEST_WORKERS=0 runs in one process.
-# One TensorFlow thread per pool in each worker (and the processes tests start):
-# two workers each with a pool per core oversubscribe the cores.
-if [ "${KERAS_ALS_TEST_WORKERS:-2}" != 0 ]; then
-  export TF_NUM_INTRAOP_THREADS=${TF_NUM_INTRAOP_THREADS:-1}
-  export TF_NUM_INTEROP_THREADS=${TF_NUM_INTEROP_THREADS:-1}
-fi
 TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/python" -m pytest -n "${KERAS_ALS_TEST_WORKERS:-2}" --maxschedchunk 1 --durations=30 "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: failing." >&2
