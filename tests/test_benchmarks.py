@@ -554,6 +554,29 @@ ENTRY %main (a: f32[4], b: f32[4,4]) -> (f32[4], f32[4]) {
     assert programs.kernels_of(hlo) == 3  # the fusion, the dot and the copy
 
 
+def test_one_program_is_one_up_to_names_parameter_order_and_unread_instructions():
+    from benchmarks.real_models import programs
+
+    def step(first, second, dead=""):
+        return f"""HloModule {first}
+
+ENTRY %main.{second} (a: f32[4], b: f32[4]) -> (f32[4]) {{
+  %{first} = f32[4]{{0}} parameter(0)
+  %{second} = f32[4]{{0}} parameter(1)
+  %z = f16[] constant(0){dead}
+  %m = f32[4]{{0}} multiply(f32[4]{{0}} %{first}, f32[4]{{0}} %{second})
+  ROOT %t = (f32[4]{{0}}) tuple(f32[4]{{0}} %m)
+}}
+"""
+
+    plain = step("a", "b")
+    unread = "\n  %zeros = f16[8]{0} broadcast(f16[] %z), dimensions={}"
+    assert programs.same_program(plain, step("x", "y", unread))  # names, an unread broadcast
+    assert not programs.same_program(plain, step("a", "b").replace(" multiply(", " add("))
+    read = step("a", "b").replace("tuple(f32[4]{0} %m)", "tuple(f32[4]{0} %z)")
+    assert not programs.same_program(plain, read)
+
+
 def test_kernels_that_only_feed_a_conditional_are_found_through_its_operand_tuple():
     from benchmarks.real_models import programs
 
