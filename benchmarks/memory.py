@@ -40,11 +40,18 @@ BREAKDOWN = (
     ("als_max_safe", "no_crossing_reductions"),
     ("als_fixed_global", ""),
     ("keras_lso_instrumented", ""),
+    ("als_max_safe", "crossings_reduced_last"),
+    ("als_max_safe", "crossings_reduced_early"),
+    ("als_max_safe", "lone_crossings_reduced_early"),
 )
 """`--breakdown`'s variants, (method, ablation): Keras's optimizer; keras_als;
 keras_als traced without the crossing gradients' reductions; keras_als's
 optimizer on the model not instrumented, one scale (optimizer only); Keras's
-optimizer on the instrumented model (instrumentation only)."""
+optimizer on the instrumented model (instrumentation only); and keras_als
+with its crossing gradients reduced in one branch after backprop, or in
+branches XLA must run as soon as their gradients are there, or only the
+branches of a gradient that fills a group alone so (three schedules of the
+same reductions)."""
 
 
 @dataclasses.dataclass

@@ -226,6 +226,107 @@ def test_the_memory_and_step_time_ablations_leave_the_crossing_reductions_out_an
     assert reductions() == {id(boundary): 3.0}
 
 
+def test_the_scheduling_ablations_reduce_the_same_values_at_other_points(monkeypatch):
+    """`crossings_reduced_last` reduces nothing until backprop ends;
+    `crossings_reduced_early` hands the boundary that completes a group its
+    ratio plus an exact zero read from the group's branch."""
+    import tensorflow as tf
+
+    from benchmarks.harness import ablations
+    from keras_als import _crossings
+
+    class Boundary:
+        ratio = tf.constant(4.0)
+
+    monkeypatch.setattr(_crossings, "WAITING_BYTES", 1)  # every arrival completes a group
+
+    def arrive(boundary):
+        graph = tf.Graph()
+        with graph.as_default():
+            boundary.ratio = tf.constant(4.0)
+            crossings = _crossings.Crossings(graph, tf.constant(True), False)
+            crossings.arrived(boundary, [tf.constant([[-3.0, 2.0]])])
+            reduced_on_arrival = dict(crossings.reduced)
+            crossings.finish()
+            session = tf.compat.v1.Session()
+            amax = {b: session.run(r.amax) for b, r in crossings.reduced.items()}
+            inputs = [t.op.type for t in boundary.ratio.op.inputs]
+            return bool(reduced_on_arrival), amax, session.run(boundary.ratio), inputs
+
+    boundary = Boundary()
+    assert arrive(boundary) == (True, {id(boundary): 3.0}, 4.0, [])  # a constant ratio
+    with ablations.named("crossings_reduced_last"):
+        assert arrive(boundary) == (False, {id(boundary): 3.0}, 4.0, [])
+    with ablations.named("crossings_reduced_early"):
+        arrived, amax, ratio, inputs = arrive(boundary)
+        assert (arrived, amax, ratio) == (True, {id(boundary): 3.0}, 4.0)
+        assert "Minimum" in inputs  # the ratio waits for the branch
+    assert _crossings.WAITING_BYTES == 1 and arrive(boundary)[3] == []
+
+
+def test_only_a_gradient_that_fills_a_group_alone_waits_with_lone_crossings_reduced_early(
+    monkeypatch,
+):
+    import tensorflow as tf
+
+    from benchmarks.harness import ablations
+    from keras_als import _crossings
+
+    class Boundary:
+        ratio = None
+
+    monkeypatch.setattr(_crossings, "WAITING_BYTES", 12)  # two 8-byte gradients fill a group
+
+    def waits(sizes):
+        """For each arrival of a float32 gradient of `sizes[i]` values, whether its ratio waits."""
+        graph = tf.Graph()
+        with graph.as_default():
+            crossings = _crossings.Crossings(graph, tf.constant(True), False)
+            boundaries = [Boundary() for _ in sizes]
+            for boundary, size in zip(boundaries, sizes):
+                crossings.arrived(boundary, [tf.ones([size])])
+            return [b.ratio is not None for b in boundaries]
+
+    with ablations.named("crossings_reduced_early"):
+        assert waits([2, 2, 4]) == [False, True, True]
+    with ablations.named("lone_crossings_reduced_early"):
+        assert waits([2, 2, 4]) == [False, False, True]
+    assert waits([2, 2, 4]) == [False, False, False]
+
+
+def test_with_its_crossings_reduced_early_keras_als_trains_bit_identically(monkeypatch):
+    """float32, XLA, 2 steps of a small wrapped MLP, each crossing gradient a
+    group of its own: the exact zero leaves every weight as it was."""
+    import keras
+    import numpy as np
+
+    import keras_als
+    from benchmarks.harness import ablations
+    from keras_als import _crossings
+
+    monkeypatch.setattr(_crossings, "WAITING_BYTES", 1)
+
+    x = np.random.default_rng(0).normal(size=(16, 8)).astype("float32")
+    y = x[:, :1] * 3.0
+    weights = []
+    for ablation in ("", "crossings_reduced_early"):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)]
+        )
+        keras_als.wrap_model(model)
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(
+            keras.optimizers.Adam(1e-2), measure_every_n_steps=1
+        )
+        model.compile(optimizer, "mse", jit_compile=True)
+        with ablations.named(ablation):
+            for _ in range(2):
+                model.train_on_batch(x, y)
+        weights.append([keras.ops.convert_to_numpy(w) for w in model.weights])
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_the_step_time_breakdown_times_the_ablation_beside_keras_als_on_a_small_mlp():
     from benchmarks import cost
 

@@ -68,7 +68,64 @@ def without_boundary_multiplies():
         _boundary.multiply = original
 
 
-NAMED = {"no_crossing_reductions": without_crossing_reductions}
+@contextlib.contextmanager
+def crossings_reduced_last():
+    """Steps traced inside reduce every crossing gradient in one branch after
+    backprop, where keras_als reduces them in groups of about
+    `_crossings.WAITING_BYTES` as they arrive (ablation only: the scales are
+    the same, the schedule XLA finds is not)."""
+    from keras_als import _crossings
+
+    original = _crossings.WAITING_BYTES
+    _crossings.WAITING_BYTES = float("inf")
+    try:
+        yield
+    finally:
+        _crossings.WAITING_BYTES = original
+
+
+def _reduced_early(crossings_class, lone_only: bool):
+    """A `Crossings` whose branch, when a boundary's arrival completes a group
+    (`lone_only`: a group of that boundary's gradients alone), hands that
+    boundary an exact zero computed from the branch's result (a largest
+    magnitude, >= 0 or inf and never NaN: its minimum with 0 is 0), added to
+    its ratio: the gradient cannot flow on before the branch has run."""
+    import tensorflow as tf
+
+    class ReducedEarly(crossings_class):
+        def arrived(self, boundary, gradients):
+            before, alone = len(self.reduced), not self._waiting
+            super().arrived(boundary, gradients)
+            if len(self.reduced) > before and (alone or not lone_only):
+                zero = tf.minimum(self.reduced[id(boundary)].amax, 0.0)
+                boundary.ratio = zero + (1.0 if boundary.ratio is None else boundary.ratio)
+
+    return ReducedEarly
+
+
+@contextlib.contextmanager
+def crossings_reduced_early(lone_only: bool = False):
+    """Steps traced inside make the gradient whose arrival completes a group of
+    crossing gradients (`lone_only`: one that fills a group alone) wait for
+    that group's branch (`_reduced_early`), so XLA must run the branch as soon
+    as its group is complete, not where its results are read after backprop
+    (ablation only: same scales, same gradients)."""
+    from keras_als import _crossings
+
+    original = _crossings.Crossings
+    _crossings.Crossings = _reduced_early(original, lone_only)
+    try:
+        yield
+    finally:
+        _crossings.Crossings = original
+
+
+NAMED = {
+    "no_crossing_reductions": without_crossing_reductions,
+    "crossings_reduced_last": crossings_reduced_last,
+    "crossings_reduced_early": crossings_reduced_early,
+    "lone_crossings_reduced_early": lambda: crossings_reduced_early(lone_only=True),
+}
 """The ablations a command can name."""
 
 
