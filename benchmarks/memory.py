@@ -42,16 +42,16 @@ BREAKDOWN = (
     ("keras_lso_instrumented", ""),
     ("als_max_safe", "crossings_reduced_last"),
     ("als_max_safe", "crossings_reduced_early"),
-    ("als_max_safe", "lone_crossings_reduced_early"),
+    ("als_max_safe", "crossings_never_wait"),
 )
 """`--breakdown`'s variants, (method, ablation): Keras's optimizer; keras_als;
 keras_als traced without the crossing gradients' reductions; keras_als's
 optimizer on the model not instrumented, one scale (optimizer only); Keras's
-optimizer on the instrumented model (instrumentation only); and keras_als
-with its crossing gradients reduced in one branch after backprop, or in
-branches XLA must run as soon as their gradients are there, or only the
-branches of a gradient that fills a group alone so (three schedules of the
-same reductions)."""
+optimizer on the instrumented model (instrumentation only); and three other
+schedules of keras_als's crossing reductions: in one branch after backprop;
+every group's branch run as soon as the group is complete; no branch run
+before its results are read (keras_als makes a gradient that fills a group
+alone wait for its branch, `keras_als._crossings`)."""
 
 
 @dataclasses.dataclass

@@ -4,7 +4,8 @@
 scaled layer receives (`_layer_call` places one per input, since inputs
 from different regions need different ratios). Forward, it is an identity. Backward, its gradient
 function hands the gradient arriving from the layer to the plan's `crossings`
-(which reduce it for the statistics on the steps that measure) and multiplies
+(which reduce it for the statistics on the steps that measure; a large one
+then waits for its reductions, through an exact zero added to the ratio) and multiplies
 it by `ratio`, a power of two that the optimizer's plan sets before backprop
 starts. Every boundary made while tracing a graph goes into the step's record
 (`_step_record`), so that the plan can find the scale components of that graph.
@@ -58,11 +59,14 @@ class Boundary:
         self.crossings = crossings
 
     def backward(self, *gradients):
+        ratio = self.ratio
         if self.crossings is not None:
-            self.crossings.arrived(self, [g for g in gradients if g is not None])
-        if self.ratio is None:
+            zero = self.crossings.arrived(self, [g for g in gradients if g is not None])
+            if zero is not None:  # the gradients wait for their reductions (`_crossings`)
+                ratio = zero + (1.0 if ratio is None else ratio)
+        if ratio is None:
             return list(gradients)
-        return [None if g is None else multiply(g, self.ratio) for g in gradients]
+        return [None if g is None else multiply(g, ratio) for g in gradients]
 
 
 def multiply(gradient: tf.Tensor, ratio: tf.Tensor) -> tf.Tensor:

@@ -227,76 +227,63 @@ def test_the_memory_and_step_time_ablations_leave_the_crossing_reductions_out_an
 
 
 def test_the_scheduling_ablations_reduce_the_same_values_at_other_points(monkeypatch):
-    """`crossings_reduced_last` reduces nothing until backprop ends;
-    `crossings_reduced_early` hands the boundary that completes a group its
-    ratio plus an exact zero read from the group's branch."""
+    """With every arrival a group of its own: keras_als reduces it on arrival
+    and hands back an exact zero read from the branch; `crossings_never_wait`
+    reduces it so and hands back nothing; `crossings_reduced_last` reduces
+    nothing before `finish`."""
     import tensorflow as tf
 
     from benchmarks.harness import ablations
     from keras_als import _crossings
 
-    class Boundary:
-        ratio = tf.constant(4.0)
+    monkeypatch.setattr(_crossings, "WAITING_BYTES", 1)
+    boundary = object()
 
-    monkeypatch.setattr(_crossings, "WAITING_BYTES", 1)  # every arrival completes a group
-
-    def arrive(boundary):
+    def arrive():
         graph = tf.Graph()
         with graph.as_default():
-            boundary.ratio = tf.constant(4.0)
             crossings = _crossings.Crossings(graph, tf.constant(True), False)
-            crossings.arrived(boundary, [tf.constant([[-3.0, 2.0]])])
-            reduced_on_arrival = dict(crossings.reduced)
+            zero = crossings.arrived(boundary, [tf.constant([[-3.0, 2.0]])])
+            reduced_on_arrival = bool(crossings.reduced)
             crossings.finish()
             session = tf.compat.v1.Session()
             amax = {b: session.run(r.amax) for b, r in crossings.reduced.items()}
-            inputs = [t.op.type for t in boundary.ratio.op.inputs]
-            return bool(reduced_on_arrival), amax, session.run(boundary.ratio), inputs
+            return reduced_on_arrival, amax, None if zero is None else session.run(zero)
 
-    boundary = Boundary()
-    assert arrive(boundary) == (True, {id(boundary): 3.0}, 4.0, [])  # a constant ratio
+    assert arrive() == (True, {id(boundary): 3.0}, 0.0)
+    with ablations.named("crossings_never_wait"):
+        assert arrive() == (True, {id(boundary): 3.0}, None)
     with ablations.named("crossings_reduced_last"):
-        assert arrive(boundary) == (False, {id(boundary): 3.0}, 4.0, [])
-    with ablations.named("crossings_reduced_early"):
-        arrived, amax, ratio, inputs = arrive(boundary)
-        assert (arrived, amax, ratio) == (True, {id(boundary): 3.0}, 4.0)
-        assert "Minimum" in inputs  # the ratio waits for the branch
-    assert _crossings.WAITING_BYTES == 1 and arrive(boundary)[3] == []
+        assert arrive() == (False, {id(boundary): 3.0}, None)
+    assert arrive() == (True, {id(boundary): 3.0}, 0.0)
 
 
-def test_only_a_gradient_that_fills_a_group_alone_waits_with_lone_crossings_reduced_early(
-    monkeypatch,
-):
+def test_only_a_gradient_that_fills_a_group_alone_waits_for_its_reductions(monkeypatch):
     import tensorflow as tf
 
     from benchmarks.harness import ablations
     from keras_als import _crossings
-
-    class Boundary:
-        ratio = None
 
     monkeypatch.setattr(_crossings, "WAITING_BYTES", 12)  # two 8-byte gradients fill a group
 
     def waits(sizes):
-        """For each arrival of a float32 gradient of `sizes[i]` values, whether its ratio waits."""
+        """For each arrival of a float32 gradient of `sizes[i]` values, whether it waits."""
         graph = tf.Graph()
         with graph.as_default():
             crossings = _crossings.Crossings(graph, tf.constant(True), False)
-            boundaries = [Boundary() for _ in sizes]
-            for boundary, size in zip(boundaries, sizes):
-                crossings.arrived(boundary, [tf.ones([size])])
-            return [b.ratio is not None for b in boundaries]
+            return [crossings.arrived(object(), [tf.ones([n])]) is not None for n in sizes]
 
+    assert waits([2, 2, 4]) == [False, False, True]
     with ablations.named("crossings_reduced_early"):
         assert waits([2, 2, 4]) == [False, True, True]
-    with ablations.named("lone_crossings_reduced_early"):
-        assert waits([2, 2, 4]) == [False, False, True]
-    assert waits([2, 2, 4]) == [False, False, False]
+    with ablations.named("crossings_never_wait"):
+        assert waits([2, 2, 4]) == [False, False, False]
 
 
-def test_with_its_crossings_reduced_early_keras_als_trains_bit_identically(monkeypatch):
+def test_gradients_that_wait_for_their_reductions_train_bit_identically(monkeypatch):
     """float32, XLA, 2 steps of a small wrapped MLP, each crossing gradient a
-    group of its own: the exact zero leaves every weight as it was."""
+    group of its own, so each waits for its branch: the exact zero added to
+    each ratio leaves every weight as it is when none waits."""
     import keras
     import numpy as np
 
@@ -305,11 +292,10 @@ def test_with_its_crossings_reduced_early_keras_als_trains_bit_identically(monke
     from keras_als import _crossings
 
     monkeypatch.setattr(_crossings, "WAITING_BYTES", 1)
-
     x = np.random.default_rng(0).normal(size=(16, 8)).astype("float32")
     y = x[:, :1] * 3.0
     weights = []
-    for ablation in ("", "crossings_reduced_early"):
+    for ablation in ("", "crossings_never_wait"):
         keras.utils.set_random_seed(0)
         model = keras.Sequential(
             [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)]

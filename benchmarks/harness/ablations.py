@@ -84,47 +84,59 @@ def crossings_reduced_last():
         _crossings.WAITING_BYTES = original
 
 
-def _reduced_early(crossings_class, lone_only: bool):
-    """A `Crossings` whose branch, when a boundary's arrival completes a group
-    (`lone_only`: a group of that boundary's gradients alone), hands that
-    boundary an exact zero computed from the branch's result (a largest
-    magnitude, >= 0 or inf and never NaN: its minimum with 0 is 0), added to
-    its ratio: the gradient cannot flow on before the branch has run."""
-    import tensorflow as tf
-
-    class ReducedEarly(crossings_class):
-        def arrived(self, boundary, gradients):
-            before, alone = len(self.reduced), not self._waiting
-            super().arrived(boundary, gradients)
-            if len(self.reduced) > before and (alone or not lone_only):
-                zero = tf.minimum(self.reduced[id(boundary)].amax, 0.0)
-                boundary.ratio = zero + (1.0 if boundary.ratio is None else boundary.ratio)
-
-    return ReducedEarly
-
-
 @contextlib.contextmanager
-def crossings_reduced_early(lone_only: bool = False):
-    """Steps traced inside make the gradient whose arrival completes a group of
-    crossing gradients (`lone_only`: one that fills a group alone) wait for
-    that group's branch (`_reduced_early`), so XLA must run the branch as soon
-    as its group is complete, not where its results are read after backprop
-    (ablation only: same scales, same gradients)."""
+def _crossings_replaced(make):
+    """Steps traced inside use `make(Crossings)` for the crossing reductions."""
     from keras_als import _crossings
 
     original = _crossings.Crossings
-    _crossings.Crossings = _reduced_early(original, lone_only)
+    _crossings.Crossings = make(original)
     try:
         yield
     finally:
         _crossings.Crossings = original
 
 
+def _every_group_waits(crossings_class):
+    class EveryGroupWaits(crossings_class):
+        def arrived(self, boundary, gradients):
+            before = len(self.reduced)
+            zero = super().arrived(boundary, gradients)
+            if zero is None and len(self.reduced) > before:
+                zero = self.zero_after(boundary)
+            return zero
+
+    return EveryGroupWaits
+
+
+def _none_waits(crossings_class):
+    class NoneWaits(crossings_class):
+        def arrived(self, boundary, gradients):
+            super().arrived(boundary, gradients)
+
+    return NoneWaits
+
+
+def crossings_reduced_early() -> contextlib.AbstractContextManager:
+    """Steps traced inside make every gradient that completes a group of
+    crossing gradients wait for the group's branch, where keras_als makes only
+    a gradient that fills a group alone wait (ablation only: same scales, same
+    gradients, another schedule)."""
+    return _crossings_replaced(_every_group_waits)
+
+
+def crossings_never_wait() -> contextlib.AbstractContextManager:
+    """Steps traced inside make no gradient wait for its reductions: XLA runs
+    each branch where its results are read (ablation only: same scales, same
+    gradients, another schedule)."""
+    return _crossings_replaced(_none_waits)
+
+
 NAMED = {
     "no_crossing_reductions": without_crossing_reductions,
     "crossings_reduced_last": crossings_reduced_last,
     "crossings_reduced_early": crossings_reduced_early,
-    "lone_crossings_reduced_early": lambda: crossings_reduced_early(lone_only=True),
+    "crossings_never_wait": crossings_never_wait,
 }
 """The ablations a command can name."""
 
