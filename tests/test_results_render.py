@@ -95,6 +95,12 @@ def _step_profile() -> str:
     return step_profile.markdown(_json("step_profile.json"))
 
 
+def _memory_breakdown() -> str:
+    from benchmarks import memory
+
+    return memory.breakdown_markdown(_json("memory_breakdown.json"))
+
+
 @pytest.mark.parametrize(
     "name, render",
     [
@@ -107,6 +113,7 @@ def _step_profile() -> str:
         ("lora.md", _keras_hub_task("lora")),
         ("real_models.md", _real_models),
         ("step_profile.md", _step_profile),
+        ("memory_breakdown.md", _memory_breakdown),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )

@@ -21,6 +21,7 @@ SEPARATE = (
     "retinanet",
     "lora",
     "real_models",
+    "memory_breakdown",
     "step_profile",
     "wrap_sweep",
 )
