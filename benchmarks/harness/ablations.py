@@ -36,7 +36,21 @@ def _not_multiplied(gradient, ratio):
 
 
 @contextlib.contextmanager
-def without_crossing_reductions():
+def _replaced(module: str, attribute: str, make):
+    """Steps traced inside see `keras_als.<module>.<attribute>` replaced by
+    `make(original)`; the original is put back on exit."""
+    import importlib
+
+    where = importlib.import_module(f"keras_als.{module}")
+    original = getattr(where, attribute)
+    setattr(where, attribute, make(original))
+    try:
+        yield
+    finally:
+        setattr(where, attribute, original)
+
+
+def without_crossing_reductions() -> contextlib.AbstractContextManager:
     """Steps traced inside leave out the reductions of the gradients crossing
     the boundaries (ablation only: scales then come from weight gradients alone).
 
@@ -44,57 +58,21 @@ def without_crossing_reductions():
         >>> with without_crossing_reductions():
         ...     pass  # model.train_on_batch(x, y) traces its step without them
     """
-    from keras_als import _crossings
-
-    original = _crossings.Crossings
-    _crossings.Crossings = _NoReductions
-    try:
-        yield
-    finally:
-        _crossings.Crossings = original
+    return _replaced("_crossings", "Crossings", lambda _: _NoReductions)
 
 
-@contextlib.contextmanager
-def without_boundary_multiplies():
+def without_boundary_multiplies() -> contextlib.AbstractContextManager:
     """Steps traced inside leave the boundaries' multiplies out (right only
     where every ratio is 1: every scale `ONE_SCALE`)."""
-    from keras_als import _boundary
-
-    original = _boundary.multiply
-    _boundary.multiply = _not_multiplied
-    try:
-        yield
-    finally:
-        _boundary.multiply = original
+    return _replaced("_boundary", "multiply", lambda _: _not_multiplied)
 
 
-@contextlib.contextmanager
-def crossings_reduced_last():
+def crossings_reduced_last() -> contextlib.AbstractContextManager:
     """Steps traced inside reduce every crossing gradient in one branch after
     backprop, where keras_als reduces them in groups of about
     `_crossings.WAITING_BYTES` as they arrive (ablation only: the scales are
     the same, the schedule XLA finds is not)."""
-    from keras_als import _crossings
-
-    original = _crossings.WAITING_BYTES
-    _crossings.WAITING_BYTES = float("inf")
-    try:
-        yield
-    finally:
-        _crossings.WAITING_BYTES = original
-
-
-@contextlib.contextmanager
-def _crossings_replaced(make):
-    """Steps traced inside use `make(Crossings)` for the crossing reductions."""
-    from keras_als import _crossings
-
-    original = _crossings.Crossings
-    _crossings.Crossings = make(original)
-    try:
-        yield
-    finally:
-        _crossings.Crossings = original
+    return _replaced("_crossings", "WAITING_BYTES", lambda _: float("inf"))
 
 
 def _every_group_waits(crossings_class):
@@ -122,14 +100,14 @@ def crossings_reduced_early() -> contextlib.AbstractContextManager:
     crossing gradients wait for the group's branch, where keras_als makes only
     a gradient that fills a group alone wait (ablation only: same scales, same
     gradients, another schedule)."""
-    return _crossings_replaced(_every_group_waits)
+    return _replaced("_crossings", "Crossings", _every_group_waits)
 
 
 def crossings_never_wait() -> contextlib.AbstractContextManager:
     """Steps traced inside make no gradient wait for its reductions: XLA runs
     each branch where its results are read (ablation only: same scales, same
     gradients, another schedule)."""
-    return _crossings_replaced(_none_waits)
+    return _replaced("_crossings", "Crossings", _none_waits)
 
 
 NAMED = {
