@@ -151,6 +151,14 @@ BREAKDOWN = (
         label="keras_als, MaxSafe, without the crossing gradients' reductions (ablation: "
         "costing only, its scales come from the weight gradients alone)",
     ),
+    scaling.Method(
+        "als_crossings_never_wait",
+        "als",
+        policies.MaxSafe(),
+        wrap=True,
+        label="keras_als, MaxSafe, no crossing gradient waiting for its group's reductions "
+        "(ablation: the schedule before a gradient that fills a group alone waited)",
+    ),
 )
 """Extra variants that split keras_als's overhead into its parts."""
 
@@ -235,7 +243,10 @@ def interleaved(
     ]
 
 
-ABLATION_OF = {"als_no_crossing_reductions": "no_crossing_reductions"}
+ABLATION_OF = {
+    "als_no_crossing_reductions": "no_crossing_reductions",
+    "als_crossings_never_wait": "crossings_never_wait",
+}
 """The breakdown variants that are ablations (`harness.ablations.NAMED`)."""
 
 

@@ -144,7 +144,7 @@ def breakdown_markdown(saved: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _write_breakdown(models: list[str], used: dict) -> None:
+def _write_breakdown(models: list[str], used: dict, out: str = BREAKDOWN_RESULTS) -> None:
     import datetime
 
     from benchmarks.harness import provenance
@@ -156,9 +156,9 @@ def _write_breakdown(models: list[str], used: dict) -> None:
         "environment": provenance.environment(),
         "models": {m: [(name, dataclasses.asdict(x)) for name, x in used[m]] for m in models},
     }
-    with open(BREAKDOWN_RESULTS + ".json", "w") as f:
+    with open(out + ".json", "w") as f:
         json.dump(saved, f, indent=1)
-    with open(BREAKDOWN_RESULTS + ".md", "w") as f:
+    with open(out + ".md", "w") as f:
         f.write(breakdown_markdown(saved))
 
 
@@ -242,17 +242,23 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
 def main(argv: list[str]) -> None:
     """With no arguments, measures every model of `MODELS` under Keras LSO and
     keras_als, each in a fresh subprocess, and prints the memory table and
-    target 5. `--breakdown MODEL...`: each model's `BREAKDOWN` table, also
-    written to `results/memory_breakdown.md` (and `.json`). As the
-    subprocess: `MODEL METHOD [STEPS [ABLATION]]` (`harness.ablations.NAMED`);
-    prints one JSON line."""
+    target 5. `--breakdown [--out PATH] MODEL...`: each model's `BREAKDOWN`
+    table, also written to `PATH.md` and `PATH.json` (by default the
+    committed `results/memory_breakdown`). As the subprocess:
+    `MODEL METHOD [STEPS [ABLATION]]` (`harness.ablations.NAMED`); prints one
+    JSON line."""
     if argv and argv[0] == "--breakdown":
-        models, used = list(argv[1:] or MODELS), {}
+        models, out = list(argv[1:]), BREAKDOWN_RESULTS
+        if models[:1] == ["--out"]:
+            if len(models) < 2:
+                raise SystemExit("--out needs a path, e.g. --out /tmp/breakdown")
+            out, models = models[1], models[2:]
+        models, used = models or list(MODELS), {}
         for model in models:
             used[model] = breakdown(model)
             print(breakdown_table(model, used[model]), end="\n\n", flush=True)
-        _write_breakdown(models, used)
-        print(f"wrote {BREAKDOWN_RESULTS}.md", flush=True)
+        _write_breakdown(models, used, out)
+        print(f"wrote {out}.md", flush=True)
         return
     if not argv:
         from benchmarks.suite import tables, targets

@@ -156,6 +156,25 @@ def test_the_memory_breakdown_measures_each_variant_and_gives_ratios_to_keras(mo
     assert "| als_max_safe | 2.00 (2.000x) | 1.00 (2.000x) |" in table
 
 
+def test_the_memory_breakdown_writes_to_out_and_leaves_the_committed_results(
+    monkeypatch, tmp_path
+):
+    from benchmarks import memory
+
+    def measure(model, method, steps=20, ablation=""):
+        return Memory(model, method, 2**20, 900.0, 200.0, 2**19)
+
+    monkeypatch.setattr(memory, "measure", measure)
+    committed = open(memory.BREAKDOWN_RESULTS + ".json").read()
+    out = str(tmp_path / "one_model")
+    memory.main(["--breakdown", "--out", out, "mlp_50"])
+    assert open(memory.BREAKDOWN_RESULTS + ".json").read() == committed
+    assert "mlp_50: XLA step memory" in open(out + ".md").read()
+    assert "--breakdown mlp_50" in open(out + ".json").read()
+    with pytest.raises(SystemExit, match="--out needs a path"):
+        memory.main(["--breakdown", "--out"])
+
+
 def test_memory_target_checks_the_step_total_and_its_peak():
     memory = [
         Memory("cnn", "keras_lso", 1000, 900.0, 200.0, 500),
@@ -230,9 +249,11 @@ def test_the_scheduling_ablations_reduce_the_same_values_at_other_points(monkeyp
     """With every arrival a group of its own: keras_als reduces it on arrival
     and hands back an exact zero read from the branch; `crossings_never_wait`
     reduces it so and hands back nothing; `crossings_reduced_last` reduces
-    nothing before `finish`."""
+    nothing before `finish`. The step-time breakdown traces its variant
+    `als_crossings_never_wait` inside that ablation."""
     import tensorflow as tf
 
+    from benchmarks import cost
     from benchmarks.harness import ablations
     from keras_als import _crossings
 
@@ -256,6 +277,8 @@ def test_the_scheduling_ablations_reduce_the_same_values_at_other_points(monkeyp
     with ablations.named("crossings_reduced_last"):
         assert arrive() == (False, {id(boundary): 3.0}, None)
     assert arrive() == (True, {id(boundary): 3.0}, 0.0)
+    with cost._traced_for("als_crossings_never_wait"):
+        assert arrive() == (True, {id(boundary): 3.0}, None)
 
 
 def test_only_a_gradient_that_fills_a_group_alone_waits_for_its_reductions(monkeypatch):
@@ -317,7 +340,11 @@ def test_the_step_time_breakdown_times_the_ablation_beside_keras_als_on_a_small_
     from benchmarks import cost
 
     timings = cost.interleaved("mlp_4", 2, 2, cost.BREAKDOWN[2:], instances=1)
-    assert [t.method for t in timings] == ["als_max_safe", "als_no_crossing_reductions"]
+    assert [t.method for t in timings] == [
+        "als_max_safe",
+        "als_no_crossing_reductions",
+        "als_crossings_never_wait",
+    ]
     assert all(t.layers == 4 and 0.2 < t.ratio < 5.0 for t in timings), timings
 
 

@@ -153,7 +153,10 @@ def markdown(
             "(`measure_every_n_steps=1`); `als_fixed_global` is keras_als's optimizer on the "
             "unwrapped model (one scale), the cost of the optimizer alone; "
             "`als_no_crossing_reductions` is an ablation for costing only, the step traced "
-            "without the reductions of the gradients crossing the boundaries."
+            "without the reductions of the gradients crossing the boundaries; "
+            "`als_crossings_never_wait` is an ablation with no crossing gradient waiting "
+            "for its group's reductions (the schedule before a gradient that fills a group "
+            "alone waited)."
             if any(t.method != OURS for t in results["timings"])
             else ""
         ),
