@@ -156,9 +156,7 @@ def test_the_memory_breakdown_measures_each_variant_and_gives_ratios_to_keras(mo
     assert "| als_max_safe | 2.00 (2.000x) | 1.00 (2.000x) |" in table
 
 
-def test_the_memory_breakdown_writes_to_out_and_leaves_the_committed_results(
-    monkeypatch, tmp_path
-):
+def test_the_memory_breakdown_writes_to_out_and_leaves_the_committed_results(monkeypatch, tmp_path):
     from benchmarks import memory
 
     def measure(model, method, steps=20, ablation=""):
