@@ -149,14 +149,7 @@ def markdown(
         "instances, with its standard error from the instances' spread where recorded. "
         "*LSO spread* is the slowest over the fastest Keras LSO instance: the noise floor."
         + (
-            " `als_every_step` measures statistics on every step "
-            "(`measure_every_n_steps=1`); `als_fixed_global` is keras_als's optimizer on the "
-            "unwrapped model (one scale), the cost of the optimizer alone; "
-            "`als_no_crossing_reductions` is an ablation for costing only, the step traced "
-            "without the reductions of the gradients crossing the boundaries; "
-            "`als_crossings_never_wait` is an ablation with no crossing gradient waiting "
-            "for its group's reductions (the schedule before a gradient that fills a group "
-            "alone waited)."
+            " Variants: " + "; ".join(f"`{m.name}`: {m.label}" for m in cost.BREAKDOWN) + "."
             if any(t.method != OURS for t in results["timings"])
             else ""
         ),
