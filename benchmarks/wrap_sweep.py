@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_als  # noqa: E402
+from benchmarks.harness.scaling import prebuild  # noqa: E402
 from benchmarks.real_models.architectures import SEQUENCE, VOCABULARY, mean_pooled  # noqa: E402
 
 APPLICATIONS = (
@@ -178,6 +179,7 @@ def _skipped_training(model, optimizer, data) -> tuple[int, int]:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=True,
     )
+    prebuild(model)
     for x, y in data:
         model.train_on_batch(x, y)
     skipped = len(data) - int(optimizer.inner_optimizer.iterations.numpy())

@@ -23,6 +23,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
+from benchmarks.harness.scaling import prebuild
 from keras_als import policies
 from tests import models
 
@@ -37,6 +38,7 @@ def _inner(name):
 
 def _train(model, optimizer, x, y, jit_compile=False):
     model.compile(optimizer=optimizer, loss=models.loss_for(model), jit_compile=jit_compile)
+    prebuild(model)  # one trace of the step instead of two
     model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     return model.get_weights()
 

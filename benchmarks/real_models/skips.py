@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import keras_als
-from benchmarks.harness.scaling import skipped
+from benchmarks.harness.scaling import prebuild, skipped
 from benchmarks.real_models.architectures import BATCH, batch, build, data
 from keras_als import _scale_state
 
@@ -33,6 +33,7 @@ def skip_trace(
     first 50 batches of the 1,050-step run.
     """
     model, optimizer = build(name, method, seed)
+    prebuild(model)
     x, y = data(name, max(steps, batches or steps), seed)
     ours = isinstance(optimizer, keras_als.AdaptiveLossScaleOptimizer)
     run = SkipRun([], [], [])
