@@ -20,6 +20,7 @@ The subprocess prints one JSON line; `measure` runs it and parses it.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import glob
 import json
@@ -239,44 +240,64 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
     }
 
 
-def main(argv: list[str]) -> None:
-    """With no arguments, measures every model of `MODELS` under Keras LSO and
-    keras_als, each in a fresh subprocess, and prints the memory table and
-    target 5. `--breakdown [--out PATH] MODEL...`: each model's `BREAKDOWN`
-    table, also written to `PATH.md` and `PATH.json` (by default the
-    committed `results/memory_breakdown`). As the subprocess:
-    `MODEL METHOD [STEPS [ABLATION]]` (`harness.ablations.NAMED`); prints one
-    JSON line."""
-    if argv and argv[0] == "--breakdown":
-        models, out = list(argv[1:]), BREAKDOWN_RESULTS
-        if models[:1] == ["--out"]:
-            if len(models) < 2:
-                raise SystemExit("--out needs a path, e.g. --out /tmp/breakdown")
-            out, models = models[1], models[2:]
-        models, used = models or list(MODELS), {}
+def main(argv: list[str] | None = None) -> None:
+    """The command; see `python -m benchmarks.memory --help`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.memory",
+        description="XLA step memory of keras_als against Keras's LSO. With no argument: "
+        "every model of MODELS under both, each in a fresh subprocess, then the memory "
+        "table and target 5. With MODEL METHOD: that one configuration (the subprocess), "
+        "one JSON line.",
+    )
+    parser.add_argument(
+        "arguments",
+        nargs="*",
+        metavar="MODEL [METHOD [STEPS [ABLATION]]]",
+        help="the models of --breakdown; or one configuration: a model, a method, the "
+        "steps to run (20) and an ablation of harness/ablations.py",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="each model's table of BREAKDOWN's variants (every model of MODELS if none is "
+        "named), written to --out too",
+    )
+    parser.add_argument(
+        "--out",
+        default=BREAKDOWN_RESULTS,
+        help="--breakdown writes OUT.md and OUT.json (default: the committed run, "
+        f"{BREAKDOWN_RESULTS})",
+    )
+    args = parser.parse_args(argv)
+    if args.out != BREAKDOWN_RESULTS and not args.breakdown:
+        parser.error("--out goes with --breakdown")
+    if args.breakdown:
+        models, used = args.arguments or list(MODELS), {}
         for model in models:
             used[model] = breakdown(model)
             print(breakdown_table(model, used[model]), end="\n\n", flush=True)
-        _write_breakdown(models, used, out)
-        print(f"wrote {out}.md", flush=True)
+        _write_breakdown(models, used, args.out)
+        print(f"wrote {args.out}.md", flush=True)
         return
-    if not argv:
+    if not args.arguments:
         from benchmarks.suite import tables, targets
 
         used = [measure(m, method) for m in MODELS for method in (targets.BASELINE, targets.OURS)]
         print(tables.memory_table(used))
         print(targets.target_memory(used).line())
         return
+    if not 2 <= len(args.arguments) <= 4:
+        parser.error("one configuration is MODEL METHOD [STEPS [ABLATION]]")
+    model, method, steps, ablation = [*args.arguments, "20", ""][:4]
     with tempfile.TemporaryDirectory(prefix="keras_als_xla_") as dump:
         os.environ["XLA_DUMP_DIR"] = dump
         os.environ["XLA_FLAGS"] = (
             f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train_step.*"
         )
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        steps = int(argv[2]) if len(argv) > 2 else 20
-        with ablations.named(argv[3] if len(argv) > 3 else ""):
-            print(json.dumps(_probe(argv[0], argv[1], steps)), flush=True)
+        with ablations.named(ablation):
+            print(json.dumps(_probe(model, method, int(steps))), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

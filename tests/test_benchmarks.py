@@ -156,7 +156,9 @@ def test_the_memory_breakdown_measures_each_variant_and_gives_ratios_to_keras(mo
     assert "| als_max_safe | 2.00 (2.000x) | 1.00 (2.000x) |" in table
 
 
-def test_the_memory_breakdown_writes_to_out_and_leaves_the_committed_results(monkeypatch, tmp_path):
+def test_the_memory_breakdown_writes_to_out_and_leaves_the_committed_results(
+    monkeypatch, tmp_path, capsys
+):
     from benchmarks import memory
 
     def measure(model, method, steps=20, ablation=""):
@@ -169,8 +171,13 @@ def test_the_memory_breakdown_writes_to_out_and_leaves_the_committed_results(mon
     assert open(memory.BREAKDOWN_RESULTS + ".json").read() == committed
     assert "mlp_50: XLA step memory" in open(out + ".md").read()
     assert "--breakdown mlp_50" in open(out + ".json").read()
-    with pytest.raises(SystemExit, match="--out needs a path"):
-        memory.main(["--breakdown", "--out"])
+    for wrong in (["--breakdown", "--out"], ["--out", out, "mlp_50"], ["mlp_50"]):
+        with pytest.raises(SystemExit):
+            memory.main(wrong)
+    errors = capsys.readouterr().err
+    assert "expected one argument" in errors  # --out without its path
+    assert "--out goes with --breakdown" in errors
+    assert "one configuration is MODEL METHOD" in errors
 
 
 def test_memory_target_checks_the_step_total_and_its_peak():
@@ -713,6 +720,36 @@ ENTRY %main (a: f32[4], p: pred[]) -> (f32[4], f32[]) {
 """
     # %shared feeds the branch and %used; only %rounded exists for the branch alone
     assert programs.for_branches_only(hlo) == ["%rounded"]
+
+
+def test_hlo_instructions_count_under_the_tensorflow_operation_that_made_them():
+    from benchmarks.real_models import programs
+
+    def meta(op_name):
+        return f', metadata={{op_type="X" op_name="{op_name}"}}'
+
+    hlo = f"""HloModule m
+
+%branch (t: (f16[4])) -> f32[] {{
+  %t = (f16[4]{{0}}) parameter(0)
+  %g = f16[4]{{0}} get-tuple-element((f16[4]{{0}}) %t), index=0
+  %w = f32[4]{{0}} convert(f16[4]{{0}} %g){meta("cond_3/Mean_2")}
+  %z = f32[] constant(0){meta("cond_3/Mean_2")}
+  ROOT %r = f32[] reduce(f32[4]{{0}} %w, f32[] %z), to_apply=%add{meta("cond_1/Mean")}
+}}
+
+ENTRY %main (a: f32[4]) -> f32[4] {{
+  %a = f32[4]{{0}} parameter(0)
+  %m = f32[4]{{0}} multiply(f32[4]{{0}} %a, f32[4]{{0}} %a){meta("gradient_tape/m_1/d_2/mul_3")}
+  ROOT %n = f32[4]{{0}} negate(f32[4]{{0}} %m){meta("Neg")}
+}}
+"""
+    assert programs.origins_of(hlo) == {
+        "cond/Mean": 3,  # numbers dropped: one origin in every branch
+        "(none)": 3,  # parameters and the tuple's element
+        "gradient_tape/.../mul": 1,  # the layer's path between left out
+        "Neg": 1,
+    }
 
 
 def test_the_wrap_sweep_builds_tiny_backbones_and_says_what_a_constructor_lacks():

@@ -27,7 +27,7 @@ from benchmarks.real_models.breakdown import (
     step_breakdown_in_processes,
 )
 from benchmarks.real_models.probes import compile_breakdown, compile_times, memory_of
-from benchmarks.real_models.programs import graph_ops, step_kernels
+from benchmarks.real_models.programs import graph_ops, step_kernels, unoptimized_by_origin
 from benchmarks.real_models.report import markdown, memory_cell, missed_line, step_cell
 from benchmarks.real_models.skips import skip_trace
 from benchmarks.real_models.timing import (
@@ -98,7 +98,8 @@ def main(argv=None) -> None:
         "time alone), compile (compile time and memory alone), memory (XLA step memory "
         "alone), compile_breakdown (first step without the crossing reductions), breakdown "
         "(step-time "
-        "ablation), graph (operations in the traced step), build_order (Keras's step "
+        "ablation), graph (operations in the traced step, kernels of the compiled one, and "
+        "the instructions handed to XLA by origin), build_order (Keras's step "
         "time by the order its instances were built)",
     )
     parser.add_argument(
@@ -269,6 +270,15 @@ def main(argv=None) -> None:
                 "of those, only to hand conditionals their operands: keras "
                 f"{kernels['for_branches_only']['keras']}, keras_als "
                 f"{kernels['for_branches_only']['keras_als']}",
+                flush=True,
+            )
+            row["unoptimized"] = unoptimized = unoptimized_by_origin(name)
+            count = unoptimized["instructions"]
+            print(
+                f"{name:14s} HLO instructions handed to XLA: keras {count['keras']}, keras_als "
+                f"{count['keras_als']} ({count['keras_als'] / count['keras']:.2f}x); the most "
+                "different by origin: "
+                + ", ".join(f"{o} {d:+d}" for o, d in unoptimized["extra_by_origin"]),
                 flush=True,
             )
         print(f"{name:14s} targets missed: {missed_line(row)}", flush=True)

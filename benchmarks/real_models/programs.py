@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import keras
 import tensorflow as tf
@@ -52,6 +53,42 @@ def step_kernels(name: str) -> dict:
         },
     }
     return counts
+
+
+def unoptimized_by_origin(name: str, top: int = 10) -> dict:
+    """Instructions of each method's step as it hands it to XLA (HLO before
+    XLA's optimizations, branches included), and keras_als's extra ones by the
+    TensorFlow operation they come from (`origins_of`), most first: what XLA
+    compiles more of. The first step's time grows with it, not in proportion
+    (`--parts graph,compile` prints both)."""
+    plain = origins_of(compiled_step(name, "keras", stage="hlo"))
+    ours = origins_of(compiled_step(name, "keras_als", stage="hlo"))
+    extra = {key: ours[key] - plain[key] for key in set(ours) | set(plain)}
+    return {
+        "instructions": {"keras": sum(plain.values()), "keras_als": sum(ours.values())},
+        "extra_by_origin": sorted(extra.items(), key=lambda item: -abs(item[1]))[:top],
+    }
+
+
+def origins_of(hlo: str) -> Counter:
+    """Instructions of HLO text by the TensorFlow operation they come from: the
+    `op_name` of their metadata, the first and last of its scopes (`cond/Mean`
+    for `cond_3/Mean_2`; `gradient_tape/.../mul` for a product inside a
+    layer's gradient), without the numbers TensorFlow appends to names.
+    Instructions without one (a computation's parameters, the tuples that
+    carry a conditional's operands) count under `(none)`."""
+    counts = Counter()
+    for line in hlo.splitlines():
+        right = line.partition(" = ")[2]
+        if _opcode(right):
+            found = re.search(r'op_name="([^"]*)"', right)
+            counts[_origin(found.group(1)) if found else "(none)"] += 1
+    return counts
+
+
+def _origin(op_name: str) -> str:
+    scopes = [re.sub(r"_\d+$", "", scope) for scope in op_name.split("/")]
+    return f"{scopes[0]}/.../{scopes[-1]}" if len(scopes) > 2 else "/".join(scopes)
 
 
 def compiled_step(
