@@ -194,22 +194,22 @@ def test_chosen_scales_and_scale_one_train_bit_identically_in_float32(name):
 
 @pytest.mark.parametrize("name", FAST)
 def test_one_step_unscaled_gradients_match_the_plain_model_within_float32_rounding(name):
-    """float32, XLA, scales that differ from layer to layer (`per_layer_fixed`,
+    """float32, scales that differ from layer to layer (`per_layer_fixed`,
     set by two steps at learning rate 0; the plain model then takes the
     instrumented one's BatchNorm statistics): for each variable, the gradient
     keras_als unscales is within 1e-5 of that variable's largest plain
     gradient, plus 1e-6 of the largest over all variables (variables whose
     true gradient is zero hold only rounding noise), of a plain model's with
-    the same weights: a wrong small layer fails. The plain model's own XLA vs
-    no-XLA difference is printed for comparison."""
+    the same weights: a wrong small layer fails. Both gradients are computed
+    with XLA for the KerasHub models and in a TensorFlow graph for
+    MobileNetV2 (`JIT`: its two XLA compiles took 100 s of the test's 156)."""
     model, plain = _twice(architectures.MODELS[name])
     keras_als.wrap_model(model)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
         keras.optimizers.SGD(0.0), policy=models.per_layer_fixed(model, default=1.0)
     )
     inputs, labels = architectures.data(name, 2)
-    # A TensorFlow graph here, which spares one XLA compile of the model: the
-    # gradients compared below, on the first batch, are XLA's.
+    # A TensorFlow graph here, which spares one XLA compile of the model.
     _train(model, optimizer, inputs, labels, steps=2, jit_compile=False)
     x, y = architectures.batch(inputs, 0), labels[: architectures.BATCH]
     assert len(set(optimizer.layer_scales().values())) > 2, optimizer.layer_scales()
@@ -221,38 +221,28 @@ def test_one_step_unscaled_gradients_match_the_plain_model_within_float32_roundi
             keras.losses.sparse_categorical_crossentropy(y, m(x, training=False), from_logits=True)
         )
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=JIT[name])
     def gradients():
         with tf.GradientTape() as tape:
             scaled = optimizer.scale_loss(loss_of(model))
         grads = tape.gradient(scaled, model.trainable_variables)
         return optimizer.unscale(grads, model.trainable_variables)
 
-    def plain_gradients(jit):
-        @tf.function(jit_compile=jit)
-        def run():
-            with tf.GradientTape() as tape:
-                loss = loss_of(plain)
-            return tape.gradient(loss, plain.trainable_variables)
+    @tf.function(jit_compile=JIT[name])
+    def plain_gradients():
+        with tf.GradientTape() as tape:
+            loss = loss_of(plain)
+        return tape.gradient(loss, plain.trainable_variables)
 
-        return _arrays(run())
-
-    expected = plain_gradients(True)
+    expected = _arrays(plain_gradients())
     largest = max(np.max(np.abs(e)) for e in expected)
-    worst, own = 0.0, 0.0
-    for actual, e, plain_no_xla, v in zip(
-        _arrays(gradients()),
-        expected,
-        plain_gradients(False),
-        model.trainable_variables,
-        strict=True,
-    ):
+    worst = 0.0
+    for actual, e, v in zip(_arrays(gradients()), expected, model.trainable_variables, strict=True):
         bound = 1e-5 * np.max(np.abs(e)) + 1e-6 * largest
         error = np.max(np.abs(actual - e))
         assert error <= bound, (v.path, error, bound)
         worst = max(worst, error / bound)
-        own = max(own, np.max(np.abs(plain_no_xla - e)) / bound)
-    print(f"{name}: worst error / bound: keras_als vs plain {worst:.2e}; plain, no XLA {own:.2e}")
+    print(f"{name}: worst error / bound, keras_als vs plain: {worst:.2e}")
 
 
 def _arrays(grads):
