@@ -264,20 +264,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--out",
-        default=BREAKDOWN_RESULTS,
         help="--breakdown writes OUT.md and OUT.json (default: the committed run, "
         f"{BREAKDOWN_RESULTS})",
     )
     args = parser.parse_args(argv)
-    if args.out != BREAKDOWN_RESULTS and not args.breakdown:
+    if args.out is not None and not args.breakdown:
         parser.error("--out goes with --breakdown")
     if args.breakdown:
-        models, used = args.arguments or list(MODELS), {}
+        models, used, out = args.arguments or list(MODELS), {}, args.out or BREAKDOWN_RESULTS
         for model in models:
             used[model] = breakdown(model)
             print(breakdown_table(model, used[model]), end="\n\n", flush=True)
-        _write_breakdown(models, used, args.out)
-        print(f"wrote {args.out}.md", flush=True)
+        _write_breakdown(models, used, out)
+        print(f"wrote {out}.md", flush=True)
         return
     if not args.arguments:
         from benchmarks.suite import tables, targets
