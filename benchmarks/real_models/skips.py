@@ -22,17 +22,23 @@ class SkipRun(NamedTuple):
 
 
 def skip_trace(
-    name: str, method: str, steps: int, seed: int = 0, batches: int | None = None
+    name: str,
+    method: str,
+    steps: int,
+    seed: int = 0,
+    batches: int | None = None,
+    jit: bool = True,
 ) -> SkipRun:
-    """Trains `name` for `steps` steps with `method` (mixed_float16, XLA, Adam,
-    batch 8; the same weights and batches for either method) and records the
-    skipped steps, the measuring steps (step 0 always measures) and the losses.
+    """Trains `name` for `steps` steps with `method` (mixed_float16, XLA unless
+    `jit` is False, Adam, batch 8; the same weights and batches for either
+    method) and records the skipped steps, the measuring steps (step 0 always
+    measures) and the losses.
 
     The batches are the first `steps` of `data(name, batches)` (`batches`
     defaults to `steps`): a run of 50 steps with `batches=1050` trains on the
     first 50 batches of the 1,050-step run.
     """
-    model, optimizer = build(name, method, seed)
+    model, optimizer = build(name, method, seed, jit=jit)
     prebuild(model)
     x, y = data(name, max(steps, batches or steps), seed)
     ours = isinstance(optimizer, keras_als.AdaptiveLossScaleOptimizer)
