@@ -906,3 +906,23 @@ def test_the_memory_table_gives_the_live_at_peak_ratio_where_it_was_read():
     table = tables.memory_table(rows).splitlines()
     assert "| cnn | 0.001 | 0.001 | 1.100 | 1.050 |" in table[2]
     assert "| 1.000 | not read |" in table[3]
+
+
+def test_the_trace_profile_splits_a_first_step_and_counts_keras_als_s_branches(capsys):
+    """A tiny GPT-2's first step without XLA, for both methods: the time in
+    TensorFlow's runtime is found (else `graph` reads 0), keras_als's step
+    builds more conditionals than Keras's apply-or-skip, and only its profile
+    lists keras_als's functions."""
+    from benchmarks import trace_profile
+
+    rows = {m: trace_profile.first_step("gpt2_tiny", m, top=3) for m in trace_profile.METHODS}
+    for row in rows.values():
+        assert 0 < row["graph"] < row["seconds"] and row["trace"] > 0, row
+    assert rows["keras"]["conditionals"] >= 1
+    assert rows["keras_als"]["conditionals"] > rows["keras"]["conditionals"], rows
+    assert rows["keras"]["keras_als"] == [] and len(rows["keras_als"]["keras_als"]) == 3
+    printed = trace_profile.table("gpt2_tiny", rows)
+    assert "| keras_als |" in printed and "_apply_phases.py:run" in printed
+    with pytest.raises(SystemExit):
+        trace_profile.main(["--models", "vgg16"])
+    assert "unknown model 'vgg16'" in capsys.readouterr().err
