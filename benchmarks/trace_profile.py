@@ -31,7 +31,15 @@ import time
 import keras
 
 from benchmarks.harness.scaling import prebuild
-from benchmarks.real_models.architectures import BATCH, MODELS, batch, build, data
+from benchmarks.real_models.architectures import (
+    BATCH,
+    MODELS,
+    OTHER_FAMILIES,
+    batch,
+    build,
+    builder,
+    data,
+)
 
 METHODS = ("keras", "keras_als")
 
@@ -97,12 +105,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.trace_profile", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--models", default="resnet50_v2", help=f"of {', '.join(MODELS)}")
+    parser.add_argument(
+        "--models",
+        default="resnet50_v2",
+        help=f"comma-separated, of {', '.join([*MODELS, *OTHER_FAMILIES])}",
+    )
     parser.add_argument("--top", type=int, default=8, help="keras_als functions listed")
     args = parser.parse_args(argv)
-    for name in args.models.split(","):
-        if name not in MODELS:
-            parser.error(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
+    names = args.models.split(",")
+    for name in names:  # every name checked before the first, minutes-long profile
+        try:
+            builder(name)
+        except ValueError as error:
+            parser.error(str(error))
+    for name in names:
         rows = {method: first_step(name, method, args.top) for method in METHODS}
         print(table(name, rows), flush=True)
 

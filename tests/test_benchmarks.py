@@ -908,7 +908,7 @@ def test_the_memory_table_gives_the_live_at_peak_ratio_where_it_was_read():
     assert "| 1.000 | not read |" in table[3]
 
 
-def test_the_trace_profile_splits_a_first_step_and_counts_keras_als_s_branches(capsys):
+def test_the_trace_profile_splits_a_first_step_and_counts_keras_als_s_branches(capsys, monkeypatch):
     """A tiny GPT-2's first step without XLA, for both methods: the time in
     TensorFlow's runtime is found (else `graph` reads 0), keras_als's step
     builds more conditionals than Keras's apply-or-skip, and only its profile
@@ -923,6 +923,9 @@ def test_the_trace_profile_splits_a_first_step_and_counts_keras_als_s_branches(c
     assert rows["keras"]["keras_als"] == [] and len(rows["keras_als"]["keras_als"]) == 3
     printed = trace_profile.table("gpt2_tiny", rows)
     assert "| keras_als |" in printed and "_apply_phases.py:run" in printed
+    profiled = []
+    monkeypatch.setattr(trace_profile, "first_step", lambda *args: profiled.append(args))
     with pytest.raises(SystemExit):
-        trace_profile.main(["--models", "vgg16"])
-    assert "unknown model 'vgg16'" in capsys.readouterr().err
+        trace_profile.main(["--models", "gpt2_tiny,vgg16"])
+    assert "Unknown model 'vgg16'" in capsys.readouterr().err
+    assert profiled == []  # refused before profiling the valid name given first
