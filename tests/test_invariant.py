@@ -5,8 +5,8 @@ keras_als (scales that differ per layer) must give the weights that training
 without loss scaling gives, on every model shape.
 
 Two checks, with and without XLA. Against the same wrapped model with every
-scale 1: equal to the bit. Against the plain, unwrapped model: relative
-difference at most 1e-5,
+scale 1, compiled the same way: equal to the bit. Against the plain, unwrapped
+model (trained in a TensorFlow graph): relative difference at most 1e-5,
 measured against the model's largest weight. The boundary ops change how
 TensorFlow orders some reductions, which moves rounding by ~1e-7 per step; a
 variable whose exact gradient is zero (the attention key bias, which softmax
@@ -80,7 +80,10 @@ def test_training_gives_the_weights_of_training_without_scaling(shape, inner):
 )
 def test_max_safe_scales_leave_the_weights_unchanged_under_xla(shape, measure_every_n_steps):
     model, x, y = models.ALL_SHAPES[shape]()
-    reference = _train(models.copy_of(model), _inner("adam"), x, y, jit_compile=True)
+    # The plain reference trains in a TensorFlow graph: XLA's rounding and the
+    # graph's differ by about 2e-6 here (the Transformer block's), within the
+    # bound, and the graph spares a compile of the step (7 s of the 28 s).
+    reference = _train(models.copy_of(model), _inner("adam"), x, y)
     unscaled = keras_als.wrap_model(models.copy_of(model))
 
     wrapped = keras_als.wrap_model(model)
