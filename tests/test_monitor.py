@@ -33,13 +33,18 @@ WHOLE_MODEL = {
 }
 
 
-def monitored_fit(tmp_path, policy="max_safe", depth=8, every=1, epochs=2, **monitor_args):
+def monitored_fit(
+    tmp_path, policy="max_safe", depth=8, every=1, epochs=2, jit_compile=False, **monitor_args
+):
+    """A deep sigmoid MLP trained under mixed_float16 with a `ScaleMonitor`
+    (in a TensorFlow graph unless `jit_compile`: the monitor reads the same
+    variables either way; the tests of its numbers compile with XLA)."""
     keras.config.set_dtype_policy("mixed_float16")
     try:
         model, x, y = models.deep_sigmoid_mlp(depth=depth)
         model = keras_als.wrap_model(model)
         optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.01), policy=policy)
-        model.compile(optimizer=optimizer, loss="mse", jit_compile=True)
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=jit_compile)
         monitor = keras_als.ScaleMonitor(
             log_dir=str(tmp_path / "logs"), every_n_steps=every, **monitor_args
         )
@@ -55,7 +60,7 @@ def monitored_fit(tmp_path, policy="max_safe", depth=8, every=1, epochs=2, **mon
 def test_logs_carry_whole_model_numbers_and_history_and_tensorboard_the_per_layer_ones(
     tmp_path,
 ):
-    _, optimizer, monitor, seen, history = monitored_fit(tmp_path, every=2)
+    _, optimizer, monitor, seen, history = monitored_fit(tmp_path, every=2, jit_compile=True)
     steps = 2 * 4  # 2 epochs of 64 / 16 batches
     assert len(seen.batches) == steps
     for logs in seen.batches:
@@ -85,8 +90,9 @@ def test_logs_carry_whole_model_numbers_and_history_and_tensorboard_the_per_laye
 
 
 def test_underflow_estimate_is_high_where_the_scale_is_too_small(tmp_path):
-    low = monitored_fit(tmp_path / "low", policy=policies.Fixed(default=1.0), depth=12)[2]
-    adaptive = monitored_fit(tmp_path / "adaptive", depth=12)[2]
+    fixed = policies.Fixed(default=1.0)
+    low = monitored_fit(tmp_path / "low", policy=fixed, depth=12, jit_compile=True)[2]
+    adaptive = monitored_fit(tmp_path / "adaptive", depth=12, jit_compile=True)[2]
     # The second layer's input gradients are the smallest that are computed
     # (nothing needs the first layer's); at scale 1 most of them flush to zero
     # and what is left sits in float16's subnormal range (all of it flushes
