@@ -145,7 +145,8 @@ def _assert_one_variable_more_than_keras_s(optimizer, model):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_chosen_scales_and_scale_one_train_bit_identically_in_float32(name):
-    """float32, Adam, 3 steps, in TensorFlow graphs (BERT's with XLA): the
+    """float32, Adam, 3 steps, in TensorFlow graphs (XLA's exactness is
+    test_invariant.py's, on seven shapes with a Transformer block): the
     scales keras_als chooses (which differ between layers) and scale 1
     everywhere give bit-identical weights (powers of two scale exactly).
     After the steps, its optimizer adds one variable to Keras's whatever its
@@ -163,7 +164,7 @@ def test_chosen_scales_and_scale_one_train_bit_identically_in_float32(name):
             keras.optimizers.Adam(1e-3), policy=policy, measure_every_n_steps=1
         )
         plans = _recording_plans(optimizer)
-        _train(model, optimizer, x, y, steps=3, jit_compile=name == "bert_tiny")
+        _train(model, optimizer, x, y, steps=3, jit_compile=False)
         weights[str(policy)] = [keras.ops.convert_to_numpy(w) for w in model.weights]
         if policy == "max_safe":
             assert len(set(optimizer.layer_scales().values())) > 1  # scales that differ
