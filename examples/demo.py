@@ -132,7 +132,7 @@ def main():
     for method, accuracy, skipped, seconds in rows:
         print(f"{labels[method]:44s} {accuracy:9.4f} {skipped:8d} {seconds:8.1f}s")
 
-    if args.smoke:  # one block would mean nothing, and its two compiles take half a minute
+    if args.smoke:  # one block would mean nothing, and it compiles both steps again
         print("\nstep time: not timed with --smoke")
     else:
         print("\ntiming keras_als against Keras LossScaleOptimizer ...", flush=True)

@@ -130,7 +130,8 @@ def test_a_task_keeps_the_exactness_contract_in_float32(name):
             assert error <= 1e-5 * np.max(np.abs(reference)) + 1e-6 * largest, v.path
 
     def trained(model, optimizer):
-        model.set_weights(plain.get_weights())  # BatchNorm's statistics moved at rate 0
+        # The plain task's weights: `wrapped`'s BatchNorm statistics moved at rate 0.
+        model.set_weights(plain.get_weights())
         optimizer.inner_optimizer.learning_rate.assign(1e-3)
         model.fit(x, y, batch_size=8, epochs=3, verbose=0, shuffle=False)
         return [np.asarray(w) for w in model.weights]

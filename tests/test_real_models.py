@@ -20,7 +20,7 @@ import keras_als
 from benchmarks import wrap_sweep
 from benchmarks.harness.scaling import prebuild
 from benchmarks.real_models import architectures, programs, skips
-from keras_als import _scale_state, policies
+from keras_als import _scale_state, _step_record, policies
 from tests import models
 
 pytest.importorskip("keras_hub")
@@ -91,8 +91,6 @@ def test_wrap_model_keeps_every_weight_class_and_config_and_computes_the_same_ou
 def _recording_plans(optimizer):
     """Makes `optimizer.scale_loss` record the plan it makes in each traced
     step; returns the list it appends to."""
-    from keras_als import _step_record
-
     plans, scale_loss = [], optimizer.scale_loss
 
     def recording(loss):
