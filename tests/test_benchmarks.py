@@ -1,5 +1,6 @@
 """The benchmark report's PASS/FAIL logic, on synthetic numbers (no training)."""
 
+import json
 import math
 import statistics
 
@@ -8,6 +9,7 @@ import pytest
 from benchmarks.convergence import Run
 from benchmarks.cost import Timing, growth_exponent
 from benchmarks.fidelity import Measurement, compare, overall
+from benchmarks.harness import scaling
 from benchmarks.memory import Memory
 from benchmarks.suite import tables, targets
 
@@ -178,6 +180,37 @@ def test_the_memory_breakdown_writes_to_out_and_leaves_the_committed_results(
     assert "expected one argument" in errors  # --out without its path
     assert "--out goes with --breakdown" in errors
     assert "one configuration is MODEL METHOD" in errors
+
+
+def test_the_step_breakdown_writes_every_variant_to_out_and_leaves_the_committed_results(
+    monkeypatch, tmp_path
+):
+    from benchmarks import cost
+
+    def run_all(blocks, steps, breakdown, models, instances):
+        assert breakdown and models == ("deep_mlp",) and (blocks, steps, instances) == (2, 3, 4)
+        return [
+            cost.Timing("deep_mlp", m.name, 9, 2.5, 2.0, 1.25, 2, 3, 4, 1.1, 0.05)
+            for m in (scaling.ALS_MAX_SAFE, *cost.BREAKDOWN)
+        ]
+
+    monkeypatch.setattr(cost, "run_all", run_all)
+    committed = open(cost.BREAKDOWN_RESULTS + ".json").read()
+    out = str(tmp_path / "one_model")
+    cost.main(
+        ["--models", "deep_mlp", "--blocks", "2", "--steps", "3", "--instances", "4", "--out", out]
+    )
+    assert open(cost.BREAKDOWN_RESULTS + ".json").read() == committed
+    table = open(out + ".md").read()
+    saved = json.loads(open(out + ".json").read())
+    assert saved["command"].startswith("python -m benchmarks.cost --models deep_mlp --blocks 2")
+    assert cost.breakdown_markdown(saved) == table
+    for m in (scaling.ALS_MAX_SAFE, *cost.BREAKDOWN):
+        assert f"- `{m.name}`: {m.label}" in table
+        assert (
+            f"| deep_mlp | {m.name} | 9 | 2.00 | 2.50 | 1.250 ± 0.050 | 1.100 | 4 x 2 x 3 |"
+            in table
+        )
 
 
 def test_memory_target_checks_the_step_total_and_its_peak():
@@ -353,15 +386,23 @@ def test_the_step_time_breakdown_times_the_ablation_beside_keras_als_on_a_small_
     assert all(t.layers == 4 and 0.2 < t.ratio < 5.0 for t in timings), timings
 
 
-def test_the_compile_breakdown_gives_medians_and_ratios_paired_by_round(monkeypatch):
+def test_the_compile_breakdown_gives_medians_and_ratios_paired_by_round_in_shuffled_orders(
+    monkeypatch,
+):
     from benchmarks.real_models import probes
 
-    asked, seconds = [], iter([10.0, 13.0, 11.0, 12.0, 15.0, 11.5, 11.0, 14.0, 11.2])
     variants = probes.COMPILE_VARIANTS[:3]
+    # Per round: keras 10, 12, 11; keras_als 13, 15, 14; the ablation 11.5, 11, 11.2.
+    times = {
+        "keras": [10.0, 12.0, 11.0],
+        "keras_als": [13.0, 15.0, 14.0],
+        "keras_als:no_crossing_reductions": [11.5, 11.0, 11.2],
+    }
+    asked = []
 
     def probe(kind, name, method, jit):
         asked.append((kind, name, method, jit))
-        return {"first_step": next(seconds)}
+        return {"first_step": times[method][(len(asked) - 1) // len(variants)]}
 
     monkeypatch.setattr(probes, "run_probe", probe)
     result = probes.compile_breakdown("m", repeats=3, variants=variants)
@@ -370,14 +411,42 @@ def test_the_compile_breakdown_gives_medians_and_ratios_paired_by_round(monkeypa
         "keras_als": 14.0,
         "keras_als:no_crossing_reductions": 11.2,
     }
-    # Paired by round: keras 10, 12, 11 against keras_als 13, 15, 14.
     logs = [math.log(13 / 10), math.log(15 / 12), math.log(14 / 11)]
     ratio, error = result["ratio"]["keras_als"]
     assert ratio == pytest.approx(math.exp(sum(logs) / 3), rel=1e-12)
     assert error == pytest.approx(ratio * statistics.stdev(logs) / math.sqrt(3), rel=1e-12)
     assert result["ratio"]["keras"] == [1.0, 0.0]
-    assert [a[2] for a in asked[:3]] == list(variants)  # alternating
+    rounds = [[a[2] for a in asked[i : i + 3]] for i in (0, 3, 6)]
+    assert rounds == result["orders"]
+    assert all(sorted(order) == sorted(variants) for order in rounds)  # each once a round
+    assert len({tuple(order) for order in rounds}) > 1  # not one fixed order
     assert all(a[0] == "compile" and a[3] for a in asked)
+
+
+def test_the_real_model_table_gives_each_compile_variant_its_seconds_and_paired_ratio():
+    from benchmarks.real_models import probes, report
+
+    variants = probes.COMPILE_VARIANTS
+    split = {
+        "seconds": {v: 10.0 + i for i, v in enumerate(variants)},
+        "ratio": {v: [1.0 + i / 10, i / 100] for i, v in enumerate(variants)},
+        "samples": {v: [10.0 + i] * 4 for i, v in enumerate(variants)},
+    }
+    text = report.markdown({"batch": 8, "models": {"m": {"compile_breakdown": split}}})
+    header = "| model | rounds (order) | " + " | ".join(variants) + " |"
+    assert header in text
+    row = text.splitlines()[text.splitlines().index(header) + 2]
+    assert (
+        row
+        == "| m | 4 (fixed) | 10.0 | "
+        + " | ".join(
+            f"{10.0 + i:.1f} ({1.0 + i / 10:.2f}x ± {i / 100:.2f})" for i in range(1, len(variants))
+        )
+        + " |"
+    )
+    split["orders"] = [list(variants)] * 4
+    text = report.markdown({"batch": 8, "models": {"m": {"compile_breakdown": split}}})
+    assert "| m | 4 (shuffled) | 10.0 | " in text
 
 
 def test_the_compile_probe_builds_each_variant_with_its_optimizer_and_instrumentation(

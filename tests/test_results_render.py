@@ -101,6 +101,12 @@ def _memory_breakdown() -> str:
     return memory.breakdown_markdown(_json("memory_breakdown.json"))
 
 
+def _step_breakdown() -> str:
+    from benchmarks import cost
+
+    return cost.breakdown_markdown(_json("step_breakdown.json"))
+
+
 @pytest.mark.parametrize(
     "name, render",
     [
@@ -114,6 +120,7 @@ def _memory_breakdown() -> str:
         ("real_models.md", _real_models),
         ("step_profile.md", _step_profile),
         ("memory_breakdown.md", _memory_breakdown),
+        ("step_breakdown.md", _step_breakdown),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )

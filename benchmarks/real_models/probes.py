@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -47,13 +48,22 @@ COMPILE_VARIANTS = (
 
 
 def compile_breakdown(name: str, repeats: int = 3, variants=COMPILE_VARIANTS) -> dict:
-    """First step with XLA of each of `variants`, each in a fresh process,
-    alternating. "seconds": each variant's median over `repeats` processes;
-    "ratio": each variant's `[ratio, standard error]` to the first variant's,
-    paired by round (`stats.paired_ratio_and_standard_error`)."""
+    """First step with XLA of each of `variants`, each in a fresh process.
+
+    Each round runs every variant once, in an order shuffled anew (seeded by
+    the round): in a fixed order each variant holds the same place in every
+    round, so whatever drifts within a round biases it alike each time, and
+    pairing by round does not cancel that. "seconds": each
+    variant's median over `repeats` processes; "ratio": each variant's
+    `[ratio, standard error]` to the first variant's, paired by round
+    (`stats.paired_ratio_and_standard_error`); "orders": each round's order.
+    """
     seconds = {v: [] for v in variants}
-    for _ in range(repeats):
-        for variant in variants:
+    orders = []
+    for round_index in range(repeats):
+        order = random.Random(round_index).sample(list(variants), len(variants))
+        orders.append(order)
+        for variant in order:
             seconds[variant].append(run_probe("compile", name, variant, True)["first_step"])
     reference = seconds[variants[0]]
     return {
@@ -62,6 +72,7 @@ def compile_breakdown(name: str, repeats: int = 3, variants=COMPILE_VARIANTS) ->
             v: list(stats.paired_ratio_and_standard_error(s, reference)) for v, s in seconds.items()
         },
         "samples": seconds,
+        "orders": orders,
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.real_models.breakdown import ABLATIONS
+from benchmarks.real_models.probes import COMPILE_VARIANTS
 from benchmarks.real_models.timing import INSTANCES
 
 STEP_TARGET = 1.02
@@ -185,6 +186,7 @@ def markdown(results: dict) -> str:
         ]
         for name in broken_down:
             lines.append(f"| {name} | " + " | ".join(_breakdown_cells(models[name])) + " |")
+    lines += _compile_breakdown_lines(models)
     counted = {n: r["graph_ops"] for n, r in models.items() if "graph_ops" in r}
     if counted:
         sized = any("fusions" in models[n].get("step_kernels", {}) for n in counted)
@@ -223,6 +225,42 @@ def markdown(results: dict) -> str:
                 cells += [str(fused["keras"]) if fused else "-", ours]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _compile_breakdown_lines(models: dict) -> list[str]:
+    """The compile breakdown's table (`--parts compile_breakdown`), or nothing."""
+    split = {n: r["compile_breakdown"] for n, r in models.items() if "compile_breakdown" in r}
+    if not split:
+        return []
+    variants = list(COMPILE_VARIANTS)
+    lines = [
+        "",
+        "Where the first step's time goes (`--parts compile_breakdown`): the first step "
+        "with XLA, trace and compile, in fresh processes, one per variant each round in "
+        "an order shuffled every round; the median seconds, and the ratio to Keras's "
+        "paired by round with its standard error. `keras_als:no_crossing_reductions`: "
+        "keras_als traced without the "
+        "reductions of the gradients crossing the boundaries, for costing only; "
+        "`optimizer_only`: keras_als's optimizer on the model not instrumented; "
+        "`wrapper_only`: the instrumented model with Keras's optimizer:",
+        "",
+        "| model | rounds (order) | " + " | ".join(variants) + " |",
+        "| --- | --- |" + " --- |" * len(variants),
+    ]
+    for name, found in split.items():
+        cells = []
+        for variant in variants:
+            seconds = found["seconds"][variant]
+            ratio, error = found["ratio"][variant]
+            cells.append(
+                f"{seconds:.1f}"
+                if variant == "keras"
+                else f"{seconds:.1f} ({ratio:.2f}x ± {error:.2f})"
+            )
+        rounds = len(found["samples"]["keras"])
+        order = "shuffled" if "orders" in found else "fixed"  # measured before shuffling
+        lines.append(f"| {name} | {rounds} ({order}) | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _times(value: int, reference: int) -> str:

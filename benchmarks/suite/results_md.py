@@ -22,6 +22,7 @@ SEPARATE = (
     "lora",
     "real_models",
     "memory_breakdown",
+    "step_breakdown",
     "step_profile",
     "wrap_sweep",
 )
