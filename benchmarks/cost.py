@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 
@@ -33,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import zoo
-from benchmarks.harness import ablations, isolation, scaling, stats, xla_step
+from benchmarks.harness import ablations, isolation, provenance, scaling, stats, xla_step
 from keras_als import _entries, policies
 
 
@@ -365,25 +366,6 @@ def breakdown_markdown(saved: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_breakdown(command: str, timings: list[Timing], out: str) -> None:
-    import datetime
-    import json
-
-    from benchmarks.harness import provenance
-
-    saved = {
-        "command": command,
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "provenance": provenance.code(),
-        "environment": provenance.environment(),
-        "timings": [dataclasses.asdict(t) for t in timings],
-    }
-    with open(out + ".json", "w") as f:
-        json.dump(saved, f, indent=1)
-    with open(out + ".md", "w") as f:
-        f.write(breakdown_markdown(saved))
-
-
 def main(argv: list[str] | None = None) -> None:
     """Times chosen models and sweep sizes alone, without the whole suite."""
     import argparse
@@ -407,16 +389,9 @@ def main(argv: list[str] | None = None) -> None:
     models = tuple(m for m in args.models.split(",") if m)
     if models:
         timings = run_all(args.blocks, args.steps, True, models, instances=args.instances)
-        command = "python -m benchmarks.cost " + " ".join(
-            f"--{k} {v}"
-            for k, v in (
-                ("models", args.models),
-                ("blocks", args.blocks),
-                ("steps", args.steps),
-                ("instances", args.instances),
-            )
-        )
-        _write_breakdown(command, timings, args.out)
+        command = " ".join(["python -m benchmarks.cost", *(argv or sys.argv[1:])])
+        timings_saved = {"timings": [dataclasses.asdict(t) for t in timings]}
+        provenance.save(args.out, command, timings_saved, breakdown_markdown)
         print(f"wrote {args.out}.md", flush=True)
     depths = tuple(int(d) for d in args.sweep.split(",") if d)
     if depths:

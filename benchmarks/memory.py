@@ -146,21 +146,15 @@ def breakdown_markdown(saved: dict) -> str:
 
 
 def _write_breakdown(models: list[str], used: dict, out: str = BREAKDOWN_RESULTS) -> None:
-    import datetime
-
     from benchmarks.harness import provenance
 
-    saved = {
-        "command": "python -m benchmarks.memory --breakdown " + " ".join(models),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "provenance": provenance.code(),
-        "environment": provenance.environment(),
-        "models": {m: [(name, dataclasses.asdict(x)) for name, x in used[m]] for m in models},
-    }
-    with open(out + ".json", "w") as f:
-        json.dump(saved, f, indent=1)
-    with open(out + ".md", "w") as f:
-        f.write(breakdown_markdown(saved))
+    models_used = {m: [(name, dataclasses.asdict(x)) for name, x in used[m]] for m in models}
+    provenance.save(
+        out,
+        "python -m benchmarks.memory --breakdown " + " ".join(models),
+        {"models": models_used},
+        breakdown_markdown,
+    )
 
 
 def xla_total(dump: str, name: str = "train_step") -> int:

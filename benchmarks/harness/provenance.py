@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import platform
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -43,3 +46,23 @@ def environment() -> str:
         f"{platform.platform()}); Python {platform.python_version()}, TensorFlow "
         f"{tf.__version__}, Keras {keras.__version__}, NumPy {np.__version__}"
     )
+
+
+def save(out: str, command: str, results: dict, render: Callable[[dict], str]) -> dict:
+    """Writes a run to `out`.json and its markdown, `render` of it, to `out`.md.
+
+    The JSON holds how the run was made (`command`, the date in UTC, the
+    keras_als code and the environment) followed by `results`; returns it.
+    """
+    saved = {
+        "command": command,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "provenance": code(),
+        "environment": environment(),
+        **results,
+    }
+    with open(out + ".json", "w") as f:
+        json.dump(saved, f, indent=1)
+    with open(out + ".md", "w") as f:
+        f.write(render(saved))
+    return saved
