@@ -449,6 +449,26 @@ def test_the_real_model_table_gives_each_compile_variant_its_seconds_and_paired_
     assert "| m | 4 (shuffled) | 10.0 | " in text
 
 
+def test_the_graph_table_gives_each_counted_variants_fusions_over_keras_and_a_dash_elsewhere():
+    from benchmarks.real_models import report
+
+    def row(fusions):
+        kernels = {"keras": 30, "keras_als": 40, "wrapper_only_same_program": True}
+        return {"graph_ops": {"keras": 100, "keras_als": 150}, "step_kernels": kernels | fusions}
+
+    counted = {"keras": 200, "keras_als": 300, "optimizer_only": 220}
+    counted["keras_als:no_crossing_reductions"] = 250
+    models = {"a": row({"fusions": counted}), "b": row({"fusions": {"keras": 10, "keras_als": 20}})}
+    lines = report.markdown({"batch": 8, "models": models}).splitlines()
+    header = next(line for line in lines if line.startswith("| model | operations"))
+    assert header.endswith("| keras_als:no_crossing_reductions | optimizer_only |")
+    assert (
+        "| a | 100 | 150 (1.50x) | 30 | 40 | yes | 200 | 300 (1.50x) | 250 (1.25x) | 220 (1.10x) |"
+        in lines
+    )
+    assert "| b | 100 | 150 (1.50x) | 30 | 40 | yes | 10 | 20 (2.00x) | - | - |" in lines
+
+
 def test_the_compile_probe_builds_each_variant_with_its_optimizer_and_instrumentation(
     monkeypatch, capsys
 ):

@@ -8,6 +8,7 @@ from collections import Counter
 import keras
 import tensorflow as tf
 
+from benchmarks.harness import ablations
 from benchmarks.real_models.architectures import build, data
 
 
@@ -37,16 +38,25 @@ def step_kernels(name: str) -> dict:
     On a CPU each kernel has a fixed cost besides its work, so on a short step
     this count tells what the step time cannot resolve. The size of each
     whole program (`instructions_of`, `fusions_of`, branches included) is
-    what XLA compiles: the compile time grows with it.
+    what XLA compiles: the compile time grows with it. The fusions of the
+    compile breakdown's other variants (`probes.COMPILE_VARIANTS`) are counted
+    too: what each part adds to the program XLA compiles.
     """
     plain = compiled_step(name, "keras")
     ours = compiled_step(name, "keras_als")
+    with ablations.without_crossing_reductions():
+        unreduced = compiled_step(name, "keras_als")
     counts = {
         "keras": kernels_of(plain),
         "keras_als": kernels_of(ours),
         "wrapper_only_same_program": same_program(plain, compiled_step(name, "keras", wrap=True)),
         "instructions": {"keras": instructions_of(plain), "keras_als": instructions_of(ours)},
-        "fusions": {"keras": fusions_of(plain), "keras_als": fusions_of(ours)},
+        "fusions": {
+            "keras": fusions_of(plain),
+            "keras_als": fusions_of(ours),
+            "keras_als:no_crossing_reductions": fusions_of(unreduced),
+            "optimizer_only": fusions_of(compiled_step(name, "keras_als", wrap=False)),
+        },
         "for_branches_only": {
             "keras": len(for_branches_only(plain)),
             "keras_als": len(for_branches_only(ours)),
