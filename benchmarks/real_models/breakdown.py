@@ -39,6 +39,14 @@ def method_and_wrap(variant: str) -> tuple[str, bool | None]:
     return ("keras" if keras_optimizer else "keras_als"), wrap
 
 
+def traced_as(variant: str) -> tuple[str, bool | None, contextlib.AbstractContextManager]:
+    """A compile variant's (`probes.COMPILE_VARIANTS`) method and instrumentation
+    (`method_and_wrap` of the part before a colon), and the ablation its step
+    is traced inside (`ablations.named` of the part after)."""
+    name, _, ablation = variant.partition(":")
+    return (*method_and_wrap(name), ablations.named(ablation))
+
+
 def _never_measure_again(optimizer) -> None:
     """Sets `optimizer`'s next measurement a million steps away."""
     from keras_als import _scale_state

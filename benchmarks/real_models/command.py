@@ -18,13 +18,12 @@ import time
 import keras
 
 from benchmarks import memory
-from benchmarks.harness import ablations
 from benchmarks.real_models.architectures import BATCH, MODELS, OTHER_FAMILIES, build, builder, data
 from benchmarks.real_models.breakdown import (
     ABLATIONS,
-    method_and_wrap,
     step_breakdown,
     step_breakdown_in_processes,
+    traced_as,
 )
 from benchmarks.real_models.probes import compile_breakdown, compile_times, memory_of
 from benchmarks.real_models.programs import graph_ops, step_kernels, unoptimized_by_origin
@@ -55,12 +54,11 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
         print(json.dumps(result))
         return
     if kind == "compile":  # method: a method, or a variant of `probes.COMPILE_VARIANTS`
-        variant, _, ablation = method.partition(":")
-        method, wrap = method_and_wrap(variant)
+        method, wrap, ablation = traced_as(method)
         model, _ = build(name, method, jit=jit, wrap=wrap)
         x, y = data(name, 1)
         start = time.perf_counter()
-        with ablations.named(ablation):
+        with ablation:
             model.train_on_batch(x, y)
         print(json.dumps({"first_step": time.perf_counter() - start}))
         return

@@ -46,6 +46,10 @@ COMPILE_VARIANTS = (
 `optimizer_only`, keras_als's optimizer on the model not instrumented;
 `wrapper_only`, the instrumented model with Keras's optimizer."""
 
+FUSED_VARIANTS = ("keras_als:no_crossing_reductions", "optimizer_only")
+"""The compile variants whose fusions `--parts graph` counts besides Keras's
+and keras_als's (`wrapper_only` compiles Keras's program: `same_program`)."""
+
 
 def compile_breakdown(name: str, repeats: int = 3, variants=COMPILE_VARIANTS) -> dict:
     """First step with XLA of each of `variants`, each in a fresh process.

@@ -8,8 +8,9 @@ from collections import Counter
 import keras
 import tensorflow as tf
 
-from benchmarks.harness import ablations
 from benchmarks.real_models.architectures import build, data
+from benchmarks.real_models.breakdown import traced_as
+from benchmarks.real_models.probes import FUSED_VARIANTS
 
 
 def graph_ops(name: str) -> dict:
@@ -39,24 +40,18 @@ def step_kernels(name: str) -> dict:
     this count tells what the step time cannot resolve. The size of each
     whole program (`instructions_of`, `fusions_of`, branches included) is
     what XLA compiles: the compile time grows with it. The fusions of the
-    compile breakdown's other variants (`probes.COMPILE_VARIANTS`) are counted
-    too: what each part adds to the program XLA compiles.
+    compile breakdown's `probes.FUSED_VARIANTS` are counted too: what each
+    part adds to the program XLA compiles.
     """
     plain = compiled_step(name, "keras")
     ours = compiled_step(name, "keras_als")
-    with ablations.without_crossing_reductions():
-        unreduced = compiled_step(name, "keras_als")
     counts = {
         "keras": kernels_of(plain),
         "keras_als": kernels_of(ours),
         "wrapper_only_same_program": same_program(plain, compiled_step(name, "keras", wrap=True)),
         "instructions": {"keras": instructions_of(plain), "keras_als": instructions_of(ours)},
-        "fusions": {
-            "keras": fusions_of(plain),
-            "keras_als": fusions_of(ours),
-            "keras_als:no_crossing_reductions": fusions_of(unreduced),
-            "optimizer_only": fusions_of(compiled_step(name, "keras_als", wrap=False)),
-        },
+        "fusions": {"keras": fusions_of(plain), "keras_als": fusions_of(ours)}
+        | {variant: fusions_of(compiled_variant(name, variant)) for variant in FUSED_VARIANTS},
         "for_branches_only": {
             "keras": len(for_branches_only(plain)),
             "keras_als": len(for_branches_only(ours)),
@@ -115,6 +110,13 @@ def compiled_step(
     optimizer.build(model.trainable_variables)
     step = _step_function(model, optimizer, jit_compile=True)
     return step.experimental_get_compiler_ir(x, y)(stage=stage)
+
+
+def compiled_variant(name: str, variant: str) -> str:
+    """The optimized HLO text of compile variant `variant`'s step (`traced_as`)."""
+    method, wrap, ablation = traced_as(variant)
+    with ablation:
+        return compiled_step(name, method, wrap=wrap)
 
 
 def same_program(hlo: str, other: str) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.real_models.breakdown import ABLATIONS
-from benchmarks.real_models.probes import COMPILE_VARIANTS
+from benchmarks.real_models.probes import COMPILE_VARIANTS, FUSED_VARIANTS
 from benchmarks.real_models.timing import INSTANCES
 
 STEP_TARGET = 1.02
@@ -211,10 +211,10 @@ def markdown(results: dict) -> str:
             "| model | operations: Keras | keras_als | kernels: Keras | keras_als "
             "| wrapped model, Keras's optimizer: the plain model's program |"
             + (" fusions: Keras | keras_als |" * sized)
-            + "".join(f" {v} |" for v in _FUSED_VARIANTS if sized),
+            + "".join(f" {v} |" for v in FUSED_VARIANTS if sized),
             "| --- | --- | --- | --- | --- | --- |"
             + (" --- | --- |" * sized)
-            + (" --- |" * len(_FUSED_VARIANTS) * sized),
+            + (" --- |" * len(FUSED_VARIANTS) * sized),
         ]
         for name, ops in counted.items():
             ratio = ops["keras_als"] / ops["keras"]
@@ -229,7 +229,7 @@ def markdown(results: dict) -> str:
                 cells += [str(fused["keras"]) if fused else "-", ours]
                 cells += [
                     _times(fused[v], fused["keras"]) if fused and v in fused else "-"
-                    for v in _FUSED_VARIANTS
+                    for v in FUSED_VARIANTS
                 ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -269,10 +269,6 @@ def _compile_breakdown_lines(models: dict) -> list[str]:
         order = "shuffled" if "orders" in found else "fixed"  # measured before shuffling
         lines.append(f"| {name} | {rounds} ({order}) | " + " | ".join(cells) + " |")
     return lines
-
-
-_FUSED_VARIANTS = ("keras_als:no_crossing_reductions", "optimizer_only")
-"""The compile breakdown's variants whose fusions `--parts graph` counts."""
 
 
 def _times(value: int, reference: int) -> str:
