@@ -474,18 +474,15 @@ def test_the_compile_probe_builds_each_variant_with_its_optimizer_and_instrument
 ):
     from benchmarks.real_models import command
 
-    built = []
-
-    class Model:
-        def train_on_batch(self, x, y):
-            pass
+    built, stepped = [], []
 
     def build(name, method, seed=0, jit=True, wrap=None):
         built.append((method, seed, wrap))
-        return Model(), None
+        return object(), None
 
     monkeypatch.setattr(command, "build", build)
     monkeypatch.setattr(command, "data", lambda name, batches: (None, None))
+    monkeypatch.setattr(command, "train_on_batch", lambda model, x, y: stepped.append(model))
     for variant in ("keras", "keras_als", "optimizer_only", "wrapper_only"):
         command._probe("compile", "m", variant, jit=True)
     assert built == [
@@ -494,6 +491,7 @@ def test_the_compile_probe_builds_each_variant_with_its_optimizer_and_instrument
         ("keras_als", 0, False),
         ("keras", 0, True),
     ]
+    assert len(stepped) == 4
     assert capsys.readouterr().out.count('{"first_step": ') == 4
 
 

@@ -1,6 +1,6 @@
 """The models of the study and their data: keras.applications and KerasHub, built offline.
 
-`builder(name)` returns a model builder (`MODELS`, `OTHER_FAMILIES`),
+`builder(name)` returns a model builder (`MODELS`, `OTHER_FAMILIES`, `TASKS`),
 `data(name, batches)` its batches, and `build` a model and optimizer of either
 method from the same weights. The test suite (`tests/test_real_models.py`),
 `benchmarks.step_profile` and `benchmarks.wrap_sweep` build them from here."""
@@ -128,20 +128,58 @@ text backbones, mean-pooled): the fixes must hold beyond the four above.
 _IMAGE_MODELS = {"mobilenet_v2", "resnet50_v2", *_OTHER_APPLICATIONS}
 
 
+def retinanet() -> keras.Model:
+    """The RetinaNet detector of issue 40's detection section (`keras_hub_tasks.retinanet`)."""
+    from benchmarks.keras_hub_tasks import retinanet as study
+
+    return study.detector()
+
+
+def gemma_lora() -> keras.Model:
+    """The Gemma causal LM of issue 40's LoRA section, LoRA enabled (`keras_hub_tasks.lora`)."""
+    from benchmarks import hub_tasks
+    from benchmarks.keras_hub_tasks import lora
+
+    return lora.with_lora(hub_tasks.gemma_causal_lm())
+
+
+TASKS = {"retinanet": retinanet, "gemma_lora": gemma_lora}
+"""The KerasHub tasks of issue 40's sections, as those sections train them
+(their own losses, their data, batch `TASK_BATCH`), for the cost parts: the
+sections time whole blocks of `fit`, which cannot split a cost by variant.
+Their skipped steps are the sections' own (`--parts skips` refuses them)."""
+
+TASK_BATCH = 16
+"""Both sections' batch (`keras_hub_tasks.retinanet.BATCH`, `lora.BATCH`)."""
+
+
 def builder(name: str):
-    """The function that builds model `name` (of `MODELS` or `OTHER_FAMILIES`)."""
-    if name in MODELS:
-        return MODELS[name]
-    if name in OTHER_FAMILIES:
-        return OTHER_FAMILIES[name]
-    known = ", ".join([*MODELS, *OTHER_FAMILIES])
+    """The function that builds model `name` (of `MODELS`, `OTHER_FAMILIES` or `TASKS`)."""
+    for models in (MODELS, OTHER_FAMILIES, TASKS):
+        if name in models:
+            return models[name]
+    known = ", ".join([*MODELS, *OTHER_FAMILIES, *TASKS])
     raise ValueError(f"Unknown model {name!r}: choose from {known}.")
 
 
+def batch_size(name: str) -> int:
+    """Examples a step for model `name`: `TASK_BATCH` for a task, else `BATCH`."""
+    return TASK_BATCH if name in TASKS else BATCH
+
+
 def data(name: str, batches: int, seed: int = 0):
-    """`batches` batches of inputs and labels for model `name` (fixed by `seed`)."""
+    """`batches` batches of inputs and labels for model `name` (fixed by `seed`):
+    random ones for `MODELS` and `OTHER_FAMILIES`; the pasted digits and their
+    boxes for RetinaNet, byte windows of the standard library's docstrings for
+    the language model."""
+    n = batches * batch_size(name)
+    if name in TASKS:
+        from benchmarks import hub_tasks
+
+        if name == "retinanet":
+            return hub_tasks.detection_data("train", n)
+        return hub_tasks.text_batches(n, seed=seed)
     rng = np.random.default_rng(seed)
-    n = batches * BATCH
     if name in _IMAGE_MODELS:
         return rng.normal(size=(n, 32, 32, 3)).astype("float32"), rng.integers(0, 10, n)
     x = {
@@ -151,6 +189,17 @@ def data(name: str, batches: int, seed: int = 0):
     if name == "bert_tiny":
         x["segment_ids"] = np.zeros((n, SEQUENCE), "int32")
     return x, rng.integers(0, 2, n)
+
+
+def train_on_batch(model: keras.Model, x, y):
+    """One training step of `model` on `x`, `y`: Keras's `Model.train_on_batch`.
+
+    Called on Keras's class, since KerasHub 0.32's tasks override it with one
+    that converts `y` to a single tensor, which fails on RetinaNet's dict of
+    boxes and labels (`model.fit` takes it); without a preprocessor (as every
+    task here is built) that override does nothing else.
+    """
+    return keras.Model.train_on_batch(model, x, y)
 
 
 def batch(x, i: int):
@@ -198,7 +247,8 @@ def build(
     (with XLA unless `jit` is False); the model is wrapped for keras_als unless
     `wrap` says otherwise, and Keras's optimizer assigns `state_variables` small
     variables of its own every step, and keras_als's takes `scale_policy` (the
-    breakdown's ablations)."""
+    breakdown's ablations). RetinaNet compiles with its own losses, the
+    others with sparse categorical cross-entropy."""
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(seed)
     model = builder(name)()
@@ -214,9 +264,7 @@ def build(
         optimizer = _KerasWithState(keras.optimizers.Adam(1e-3), state_variables)
     else:
         optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=jit,
-    )
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    own_loss = {} if name == "retinanet" else {"loss": loss}  # the detector's own losses
+    model.compile(optimizer=optimizer, jit_compile=jit, **own_loss)
     return model, optimizer

@@ -10,7 +10,7 @@ import keras_als
 from benchmarks.harness import ablations, isolation
 from benchmarks.harness.stats import ratio_and_standard_error
 from benchmarks.real_models import probes
-from benchmarks.real_models.architectures import build, data
+from benchmarks.real_models.architectures import build, data, train_on_batch
 from benchmarks.real_models.timing import (
     discard_first_build,
     interleaved_medians,
@@ -108,7 +108,7 @@ def step_breakdown(
                 if unmultiplied:
                     ablated.enter_context(ablations.without_boundary_multiplies())
                 for _ in range(3):  # trace, compile and warm up
-                    model.train_on_batch(x, y)
+                    train_on_batch(model, x, y)
             if variant == "measuring_never":
                 _never_measure_again(optimizer)
             built[variant, k] = model

@@ -18,7 +18,16 @@ import time
 import keras
 
 from benchmarks import memory
-from benchmarks.real_models.architectures import BATCH, MODELS, OTHER_FAMILIES, build, builder, data
+from benchmarks.real_models.architectures import (
+    BATCH,
+    MODELS,
+    OTHER_FAMILIES,
+    TASKS,
+    build,
+    builder,
+    data,
+    train_on_batch,
+)
 from benchmarks.real_models.breakdown import (
     ABLATIONS,
     step_breakdown,
@@ -59,7 +68,7 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
         x, y = data(name, 1)
         start = time.perf_counter()
         with ablation:
-            model.train_on_batch(x, y)
+            train_on_batch(model, x, y)
         print(json.dumps({"first_step": time.perf_counter() - start}))
         return
     with tempfile.TemporaryDirectory(prefix="keras_als_xla_") as dump:
@@ -71,7 +80,7 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
         x, y = data(name, 1)
         before = memory.high_water_mb()
         for _ in range(5):
-            model.train_on_batch(x, y)
+            train_on_batch(model, x, y)
         peak = memory.high_water_mb()
         xla_bytes = memory.xla_total(dump, "one_step_on_data")
         xla_peak_bytes = memory.xla_peak(dump, "one_step_on_data")
@@ -87,7 +96,8 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--models",
         default=",".join(MODELS),
-        help=f"comma-separated; also any of {', '.join(OTHER_FAMILIES)}",
+        help=f"comma-separated; also any of {', '.join(OTHER_FAMILIES)}, and the "
+        f"KerasHub tasks {', '.join(TASKS)} (all parts but skips)",
     )
     parser.add_argument(
         "--parts",
@@ -150,6 +160,11 @@ def main(argv=None) -> None:
     names = args.models.split(",")
     for name in names:
         builder(name)  # an unknown name fails before any run
+    if "skips" in parts and set(names) & set(TASKS):
+        raise ValueError(
+            f"--parts skips does not take the KerasHub tasks ({', '.join(TASKS)}): their "
+            "skipped steps are their sections' (python -m benchmarks.keras_hub_tasks)."
+        )
     methods = args.methods.split(",")
     if not set(methods) <= {"keras", "keras_als"}:
         raise ValueError(f"--methods takes keras, keras_als or both; got {args.methods!r}.")

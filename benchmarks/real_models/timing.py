@@ -12,7 +12,7 @@ import keras
 from benchmarks.harness import isolation, stats
 from benchmarks.harness.stats import ratio_and_standard_error
 from benchmarks.real_models import probes
-from benchmarks.real_models.architectures import build, data
+from benchmarks.real_models.architectures import build, data, train_on_batch
 
 INSTANCES = 3
 """Compiled instances per optimizer that the step time is measured on, by default."""
@@ -54,7 +54,7 @@ def warmed_up(name: str, x, y, seed: int = 0, **arguments) -> keras.Model:
     and warmed up by three training steps on `x`, `y`."""
     model, _ = build(name, seed=seed, **arguments)
     for _ in range(3):
-        model.train_on_batch(x, y)
+        train_on_batch(model, x, y)
     return model
 
 
@@ -122,6 +122,6 @@ def interleaved_medians(models: dict, x, y, rounds: int, seed: int = 0) -> dict:
     for _ in range(rounds):
         for key in order.sample(keys, len(keys)):
             start = time.perf_counter()
-            models[key].train_on_batch(x, y)
+            train_on_batch(models[key], x, y)
             times[key].append(time.perf_counter() - start)
     return {key: statistics.median(t) for key, t in times.items()}
