@@ -141,3 +141,33 @@ def test_decoded_ground_truth_scores_a_map_of_one_and_shifted_boxes_score_less()
         retinanet.detections(found), truth.boxes, truth.labels
     )
     assert shifted < 0.9
+
+
+@pytest.mark.parametrize("name", ["retinanet", "gemma_lora"])
+def test_the_cost_study_builds_each_section_s_model_with_its_loss_data_and_batch(name):
+    """The real-model cost study (`benchmarks.real_models --models retinanet`)
+    measures the sections' own models: in float32 its model's first-batch
+    loss equals, within float32 rounding, that of the section's model built
+    and compiled as the section does, on the same weights; the same variables
+    train; and a step is a batch of the section's size."""
+    from benchmarks import hub_tasks
+    from benchmarks.keras_hub_tasks import lora, retinanet
+    from benchmarks.real_models import architectures
+
+    model, _ = architectures.build(name, "keras", policy="float32", jit=False)
+    x, y = architectures.data(name, 1)
+    if name == "retinanet":
+        study, section, own_loss = retinanet, retinanet.detector(), {}
+    else:
+        study, section = lora, lora.with_lora(hub_tasks.gemma_causal_lm())
+        own_loss = {"loss": lora.LOSS}
+    assert len(keras.tree.flatten(y)[0]) == architectures.TASK_BATCH == study.BATCH
+    section.set_weights(model.get_weights())
+    section.compile(**own_loss)
+    paths = [v.path for v in model.trainable_variables]
+    assert paths == [v.path for v in section.trainable_variables]
+    ours = float(model.compute_loss(x=x, y=y, y_pred=model(x), sample_weight=None))
+    theirs = float(section.compute_loss(x=x, y=y, y_pred=section(x), sample_weight=None))
+    assert np.isfinite(ours) and math.isclose(ours, theirs, rel_tol=1e-5)
+    loss = architectures.train_on_batch(model, x, y)
+    assert np.isfinite(keras.tree.flatten(loss)).all()

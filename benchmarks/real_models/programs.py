@@ -282,7 +282,7 @@ def _step_function(model, optimizer, jit_compile: bool = False):
     @tf.function(jit_compile=jit_compile)
     def step(x, y):
         with tf.GradientTape() as tape:
-            loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+            loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True), sample_weight=None)
             scaled = optimizer.scale_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
