@@ -469,7 +469,7 @@ def test_the_graph_table_gives_each_counted_variants_fusions_over_keras_and_a_da
     assert "| b | 100 | 150 (1.50x) | 30 | 40 | yes | 10 | 20 (2.00x) | - | - |" in lines
 
 
-def test_the_compile_probe_builds_each_variant_with_its_optimizer_and_instrumentation(
+def test_the_compile_and_memory_probes_build_each_variant_with_its_optimizer_and_wrap(
     monkeypatch, capsys
 ):
     from benchmarks.real_models import command
@@ -493,6 +493,11 @@ def test_the_compile_probe_builds_each_variant_with_its_optimizer_and_instrument
     ]
     assert len(stepped) == 4
     assert capsys.readouterr().out.count('{"first_step": ') == 4
+    for reading in ("xla_total", "xla_peak", "high_water_mb"):
+        monkeypatch.setattr(command.memory, reading, lambda *args: 1.0)
+    command._probe("memory", "m", "optimizer_only", jit=True)
+    assert built[-1] == ("keras_als", 0, False) and len(stepped) == 4 + 5
+    assert '"xla_peak_bytes": 1.0' in capsys.readouterr().out
 
 
 def test_error_and_underflow_definitions():
@@ -1016,3 +1021,48 @@ def test_the_trace_profile_splits_a_first_step_and_counts_keras_als_s_branches(c
         trace_profile.main(["--models", "gpt2_tiny,vgg16"])
     assert "Unknown model 'vgg16'" in capsys.readouterr().err
     assert profiled == []  # refused before profiling the valid name given first
+
+
+def test_a_kerashub_task_s_cost_row_has_dashes_for_skips_and_the_table_names_its_batch():
+    from benchmarks.real_models import report
+
+    task = _real_model_row(0)
+    for measured_by_its_section in ("steps", "keras", "keras_als"):
+        del task[measured_by_its_section]
+    text = report.markdown({"batch": 8, "models": {"m": _real_model_row(0), "retinanet": task}})
+    assert "| retinanet | - | - | - | - | 1.010x | 1.080x (10.0 / 10.8) |" in text
+    assert "The KerasHub tasks (retinanet) are issue 40's sections' models at their batch, 16" in (
+        text.replace("\n", " ")
+    )
+    plain = report.markdown({"batch": 8, "models": {"m": _real_model_row(0)}})
+    assert "KerasHub tasks" not in plain
+
+
+def test_the_real_model_command_refuses_skips_on_a_kerashub_task_and_names_its_section(tmp_path):
+    from benchmarks.real_models import command
+
+    out = str(tmp_path / "real_models")
+    with pytest.raises(ValueError, match="benchmarks.keras_hub_tasks"):
+        command.main(["--parts", "skips", "--models", "gpt2_tiny,gemma_lora", "--out", out])
+
+
+def test_the_memory_breakdown_gives_each_variant_its_total_and_peak_over_keras(monkeypatch):
+    from benchmarks.real_models import probes, report
+
+    peaks = {"keras": 100, "keras_als": 109, "optimizer_only": 100}
+    asked = []
+
+    def memory_of(name, variant):
+        asked.append(variant)
+        return {"xla_bytes": 2e6, "xla_peak_bytes": peaks.get(variant, 104) * 1e4}
+
+    monkeypatch.setattr(probes, "memory_of", memory_of)
+    split = probes.memory_breakdown("m")
+    assert asked == list(probes.COMPILE_VARIANTS)
+    assert split["ratio"]["keras_als"] == [1.0, 1.09]
+    row = _real_model_row(0)
+    row["memory_breakdown"] = split
+    text = report.markdown({"batch": 8, "models": {"m": row}})
+    line = next(x for x in text.splitlines() if x.startswith("| m | 2.0 MB"))
+    assert line.startswith("| m | 2.0 MB (at peak 1.0) | 1.000x (at peak 1.090x) | ")
+    assert line.count("(at peak 1.040x)") == 2

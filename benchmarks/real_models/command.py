@@ -34,7 +34,12 @@ from benchmarks.real_models.breakdown import (
     step_breakdown_in_processes,
     traced_as,
 )
-from benchmarks.real_models.probes import compile_breakdown, compile_times, memory_of
+from benchmarks.real_models.probes import (
+    compile_breakdown,
+    compile_times,
+    memory_breakdown,
+    memory_of,
+)
 from benchmarks.real_models.programs import graph_ops, step_kernels, unoptimized_by_origin
 from benchmarks.real_models.report import markdown, memory_cell, missed_line, step_cell
 from benchmarks.real_models.skips import skip_trace
@@ -51,6 +56,7 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
 
     "compile": the first training step's seconds (with or without XLA).
     "memory": five XLA steps, then the XLA step's memory and the peak RSS.
+    For both, `method` is a method or a variant of `probes.COMPILE_VARIANTS`.
     "step": `step_times`, with as many instances as `method` says.
     "breakdown": `step_breakdown`; `method` is "instances:variant,variant,...".
     """
@@ -62,8 +68,8 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
         result = step_breakdown(name, instances=int(instances), variants=variants.split(","))
         print(json.dumps(result))
         return
-    if kind == "compile":  # method: a method, or a variant of `probes.COMPILE_VARIANTS`
-        method, wrap, ablation = traced_as(method)
+    method, wrap, ablation = traced_as(method)  # a method, or a `probes.COMPILE_VARIANTS`
+    if kind == "compile":
         model, _ = build(name, method, jit=jit, wrap=wrap)
         x, y = data(name, 1)
         start = time.perf_counter()
@@ -76,11 +82,12 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
             f"--xla_dump_to={dump} --xla_dump_hlo_as_text "
             "--xla_dump_hlo_module_re=.*one_step_on_data.*"
         )
-        model, _ = build(name, method)
+        model, _ = build(name, method, wrap=wrap)
         x, y = data(name, 1)
         before = memory.high_water_mb()
-        for _ in range(5):
-            train_on_batch(model, x, y)
+        with ablation:
+            for _ in range(5):
+                train_on_batch(model, x, y)
         peak = memory.high_water_mb()
         xla_bytes = memory.xla_total(dump, "one_step_on_data")
         xla_peak_bytes = memory.xla_peak(dump, "one_step_on_data")
@@ -104,7 +111,8 @@ def main(argv=None) -> None:
         default="skips,cost",
         help="skips (skipped steps), cost (step and compile time, memory), step (step "
         "time alone), compile (compile time and memory alone), memory (XLA step memory "
-        "alone), compile_breakdown (first step without the crossing reductions), breakdown "
+        "alone), memory_breakdown (XLA step memory of the compile breakdown's variants), "
+        "compile_breakdown (first step without the crossing reductions), breakdown "
         "(step-time "
         "ablation), graph (operations in the traced step, kernels of the compiled one, and "
         "the instructions handed to XLA by origin), build_order (Keras's step "
@@ -236,6 +244,13 @@ def main(argv=None) -> None:
                 used["keras_als"]["xla_peak_bytes"] / used["keras"]["xla_peak_bytes"]
             )
             print(f"{name:14s} XLA step memory {memory_cell(row)}", flush=True)
+        if "memory_breakdown" in parts:
+            row["memory_breakdown"] = split = memory_breakdown(name)
+            print(
+                f"{name:14s} XLA step memory over Keras's, total (at peak): "
+                + ", ".join(f"{v} {t:.3f}x ({p:.3f}x)" for v, (t, p) in split["ratio"].items()),
+                flush=True,
+            )
         if "breakdown" in parts:
             keras.utils.clear_session()
             asked = {"keras", *args.variants.split(",")}

@@ -81,8 +81,20 @@ def compile_breakdown(name: str, repeats: int = 3, variants=COMPILE_VARIANTS) ->
 
 
 def memory_of(name: str, method: str) -> dict:
-    """XLA step memory and peak RSS of one configuration, in a fresh process."""
+    """XLA step memory and peak RSS of one configuration (a method or a variant
+    of `COMPILE_VARIANTS`), in a fresh process."""
     return run_probe("memory", name, method, True)
+
+
+def memory_breakdown(name: str, variants=COMPILE_VARIANTS) -> dict:
+    """XLA step memory of each of `variants` (the compile breakdown's), each in
+    a fresh process: "bytes", each variant's `[total, at peak]`; "ratio", each
+    over the first variant's. XLA's buffer assignment is fixed by the program,
+    so one process per variant is enough."""
+    used = {v: memory_of(name, v) for v in variants}
+    bytes_ = {v: [u["xla_bytes"], u["xla_peak_bytes"]] for v, u in used.items()}
+    total, peak = bytes_[variants[0]]
+    return {"bytes": bytes_, "ratio": {v: [t / total, p / peak] for v, (t, p) in bytes_.items()}}
 
 
 def run_probe(kind: str, name: str, method: str, jit: bool) -> dict:

@@ -204,6 +204,7 @@ def markdown(results: dict) -> str:
         for name in broken_down:
             lines.append(f"| {name} | " + " | ".join(_breakdown_cells(models[name])) + " |")
     lines += _compile_breakdown_lines(models)
+    lines += _memory_breakdown_lines(models)
     counted = {n: r["graph_ops"] for n, r in models.items() if "graph_ops" in r}
     if counted:
         sized = any("fusions" in models[n].get("step_kernels", {}) for n in counted)
@@ -285,6 +286,35 @@ def _compile_breakdown_lines(models: dict) -> list[str]:
         rounds = len(found["samples"]["keras"])
         order = "shuffled" if "orders" in found else "fixed"  # measured before shuffling
         lines.append(f"| {name} | {rounds} ({order}) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _memory_breakdown_lines(models: dict) -> list[str]:
+    """The XLA step memory of the compile breakdown's variants (`--parts
+    memory_breakdown`), or nothing."""
+    split = {n: r["memory_breakdown"] for n, r in models.items() if "memory_breakdown" in r}
+    if not split:
+        return []
+    variants = list(COMPILE_VARIANTS)
+    lines = [
+        "",
+        "XLA step memory by variant (`--parts memory_breakdown`, the compile breakdown's "
+        "variants, each in a fresh process): MB of XLA's buffer assignment in total and, "
+        "in brackets, live at the step's busiest point, each over Keras's:",
+        "",
+        "| model | " + " | ".join(variants) + " |",
+        "| --- |" + " --- |" * len(variants),
+    ]
+    for name, found in split.items():
+        cells = []
+        for variant in variants:
+            total, peak = found["bytes"][variant]
+            cell = f"{total / 1e6:.1f} MB (at peak {peak / 1e6:.1f})"
+            if variant != variants[0]:
+                over_total, over_peak = found["ratio"][variant]
+                cell = f"{over_total:.3f}x (at peak {over_peak:.3f}x)"
+            cells.append(cell)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
