@@ -104,7 +104,7 @@ def compiled_step(
     optimizations (`stage="optimized_hlo"`), or as the step hands it to XLA
     (`stage="hlo"`, four times faster to get for MobileNetV3Small)."""
     x, y = data(name, 1)
-    x, y = keras.tree.map_structure(tf.constant, x), tf.constant(y)
+    x, y = keras.tree.map_structure(tf.constant, (x, y))
     keras.utils.clear_session()
     model, optimizer = build(name, method, wrap=wrap)
     optimizer.build(model.trainable_variables)

@@ -255,12 +255,19 @@ def markdown(results: dict) -> str:
 
 def _compile_breakdown_lines(models: dict) -> list[str]:
     """The compile breakdown's table (`--parts compile_breakdown`), or nothing."""
-    split = {n: r["compile_breakdown"] for n, r in models.items() if "compile_breakdown" in r}
-    if not split:
-        return []
-    variants = list(COMPILE_VARIANTS)
-    lines = [
-        "",
+
+    def cell(found: dict, variant: str) -> str:
+        seconds = found["seconds"][variant]
+        if variant == COMPILE_VARIANTS[0]:
+            return f"{seconds:.1f}"
+        ratio, error = found["ratio"][variant]
+        return f"{seconds:.1f} ({ratio:.2f}x ± {error:.2f})"
+
+    def rounds(found: dict) -> str:
+        order = "shuffled" if "orders" in found else "fixed"  # measured before shuffling
+        return f"{len(found['samples']['keras'])} ({order})"
+
+    intro = (
         "Where the first step's time goes (`--parts compile_breakdown`): the first step "
         "with XLA, trace and compile, in fresh processes, one per variant each round in "
         "an order shuffled every round; the median seconds, and the ratio to Keras's "
@@ -268,53 +275,44 @@ def _compile_breakdown_lines(models: dict) -> list[str]:
         "keras_als traced without the "
         "reductions of the gradients crossing the boundaries, for costing only; "
         "`optimizer_only`: keras_als's optimizer on the model not instrumented; "
-        "`wrapper_only`: the instrumented model with Keras's optimizer:",
-        "",
-        "| model | rounds (order) | " + " | ".join(variants) + " |",
-        "| --- | --- |" + " --- |" * len(variants),
-    ]
-    for name, found in split.items():
-        cells = []
-        for variant in variants:
-            seconds = found["seconds"][variant]
-            ratio, error = found["ratio"][variant]
-            cells.append(
-                f"{seconds:.1f}"
-                if variant == "keras"
-                else f"{seconds:.1f} ({ratio:.2f}x ± {error:.2f})"
-            )
-        rounds = len(found["samples"]["keras"])
-        order = "shuffled" if "orders" in found else "fixed"  # measured before shuffling
-        lines.append(f"| {name} | {rounds} ({order}) | " + " | ".join(cells) + " |")
-    return lines
+        "`wrapper_only`: the instrumented model with Keras's optimizer:"
+    )
+    return _variant_table(models, "compile_breakdown", intro, cell, ("rounds (order)", rounds))
 
 
 def _memory_breakdown_lines(models: dict) -> list[str]:
     """The XLA step memory of the compile breakdown's variants (`--parts
     memory_breakdown`), or nothing."""
-    split = {n: r["memory_breakdown"] for n, r in models.items() if "memory_breakdown" in r}
-    if not split:
-        return []
-    variants = list(COMPILE_VARIANTS)
-    lines = [
-        "",
+
+    def cell(found: dict, variant: str) -> str:
+        total, peak = found["bytes"][variant]
+        if variant == COMPILE_VARIANTS[0]:
+            return f"{total / 1e6:.1f} MB (at peak {peak / 1e6:.1f})"
+        over_total, over_peak = found["ratio"][variant]
+        return f"{over_total:.3f}x (at peak {over_peak:.3f}x)"
+
+    intro = (
         "XLA step memory by variant (`--parts memory_breakdown`, the compile breakdown's "
         "variants, each in a fresh process): MB of XLA's buffer assignment in total and, "
-        "in brackets, live at the step's busiest point, each over Keras's:",
-        "",
-        "| model | " + " | ".join(variants) + " |",
-        "| --- |" + " --- |" * len(variants),
-    ]
+        "in brackets, live at the step's busiest point, each over Keras's:"
+    )
+    return _variant_table(models, "memory_breakdown", intro, cell)
+
+
+def _variant_table(models: dict, key: str, intro: str, cell, before=None) -> list[str]:
+    """A table of the rows that have `key`: a column per compile variant,
+    `cell(row[key], variant)`, after the column `before` (a header and a
+    function of `row[key]`) if given; nothing if no row has `key`."""
+    split = {n: r[key] for n, r in models.items() if key in r}
+    if not split:
+        return []
+    first = [before[0]] if before else []
+    header = ["model", *first, *COMPILE_VARIANTS]
+    lines = ["", intro, "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for name, found in split.items():
-        cells = []
-        for variant in variants:
-            total, peak = found["bytes"][variant]
-            cell = f"{total / 1e6:.1f} MB (at peak {peak / 1e6:.1f})"
-            if variant != variants[0]:
-                over_total, over_peak = found["ratio"][variant]
-                cell = f"{over_total:.3f}x (at peak {over_peak:.3f}x)"
-            cells.append(cell)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        cells = [name, *([before[1](found)] if before else [])]
+        cells += [cell(found, variant) for variant in COMPILE_VARIANTS]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
