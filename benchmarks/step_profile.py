@@ -85,7 +85,7 @@ def profile(name: str, rounds: int = 40, instances: int = 2, seed: int = 0) -> d
         for i in range(rounds):
             for key in order.sample(list(models), len(models)):
                 with tf.profiler.experimental.Trace(f"step:{key}", step_num=i):
-                    models[key].train_on_batch(x, y)
+                    architectures.train_on_batch(models[key], x, y)
         tf.profiler.experimental.stop()
         (path,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
         space = xplane_pb2.XSpace()

@@ -32,13 +32,12 @@ import keras
 
 from benchmarks.harness.scaling import prebuild
 from benchmarks.real_models.architectures import (
-    BATCH,
     MODELS,
     OTHER_FAMILIES,
-    batch,
     build,
     builder,
     data,
+    train_on_batch,
 )
 
 METHODS = ("keras", "keras_als")
@@ -55,7 +54,7 @@ def first_step(name: str, method: str, top: int = 8) -> dict:
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()
-    model.train_on_batch(batch(x, 0), y[:BATCH])
+    train_on_batch(model, x, y)  # `data(name, 1)`: one batch
     profile.disable()
     seconds = time.perf_counter() - start
     keras.config.set_dtype_policy("float32")

@@ -168,10 +168,10 @@ def batch_size(name: str) -> int:
 
 
 def data(name: str, batches: int, seed: int = 0):
-    """`batches` batches of inputs and labels for model `name` (fixed by `seed`):
-    random ones for `MODELS` and `OTHER_FAMILIES`; the pasted digits and their
-    boxes for RetinaNet, byte windows of the standard library's docstrings for
-    the language model."""
+    """`batches` batches of inputs and labels for model `name`: random ones
+    for `MODELS` and `OTHER_FAMILIES` and byte windows of the standard
+    library's docstrings for the language model, drawn by `seed`; the first
+    training canvases of the pasted digits, with their boxes, for RetinaNet."""
     n = batches * batch_size(name)
     if name in TASKS:
         from benchmarks import hub_tasks
