@@ -161,7 +161,7 @@ def test_the_cost_study_builds_each_section_s_model_with_its_loss_data_and_batch
     else:
         study, section = lora, lora.with_lora(hub_tasks.gemma_causal_lm())
         own_loss = {"loss": lora.LOSS}
-    assert len(keras.tree.flatten(y)[0]) == architectures.TASK_BATCH == study.BATCH
+    assert len(keras.tree.flatten(y)[0]) == architectures.batch_size(name) == study.BATCH
     section.set_weights(model.get_weights())
     section.compile(**own_loss)
     paths = [v.path for v in model.trainable_variables]

@@ -145,12 +145,9 @@ def gemma_lora() -> keras.Model:
 
 TASKS = {"retinanet": retinanet, "gemma_lora": gemma_lora}
 """The KerasHub tasks of issue 40's sections, as those sections train them
-(their own losses, their data, batch `TASK_BATCH`), for the cost parts: the
+(their own losses, their data, their batch: `batch_size`), for the cost parts: the
 sections time whole blocks of `fit`, which cannot split a cost by variant.
 Their skipped steps are the sections' own (`--parts skips` refuses them)."""
-
-TASK_BATCH = 16
-"""Both sections' batch (`keras_hub_tasks.retinanet.BATCH`, `lora.BATCH`)."""
 
 
 def builder(name: str):
@@ -163,8 +160,12 @@ def builder(name: str):
 
 
 def batch_size(name: str) -> int:
-    """Examples a step for model `name`: `TASK_BATCH` for a task, else `BATCH`."""
-    return TASK_BATCH if name in TASKS else BATCH
+    """Examples a step for model `name`: a task's section's `BATCH`, else `BATCH`."""
+    if name not in TASKS:
+        return BATCH
+    from benchmarks.keras_hub_tasks import lora, retinanet
+
+    return {"retinanet": retinanet.BATCH, "gemma_lora": lora.BATCH}[name]
 
 
 def data(name: str, batches: int, seed: int = 0):

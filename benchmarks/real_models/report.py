@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.real_models.architectures import TASK_BATCH, TASKS
+from benchmarks.real_models.architectures import TASKS, batch_size
 from benchmarks.real_models.breakdown import ABLATIONS
 from benchmarks.real_models.probes import COMPILE_VARIANTS, FUSED_VARIANTS
 from benchmarks.real_models.timing import INSTANCES
@@ -61,6 +61,18 @@ def memory_cell(row: dict) -> str:
     peak = row.get("memory_peak_ratio")
     at_peak = "not read" if peak is None else f"{peak:.3f}x"
     return f"{row['memory_ratio']:.3f}x (at peak {at_peak})"
+
+
+def _tasks_sentence(models: dict) -> str:
+    """What the table's KerasHub task rows are (a leading space), or "" if none."""
+    tasks = [t for t in TASKS if t in models]
+    if not tasks:
+        return ""
+    batches = ", ".join(str(b) for b in sorted({batch_size(t) for t in tasks}))
+    return (
+        f" The KerasHub tasks ({', '.join(tasks)}) are issue 40's sections' models at "
+        f"their batch, {batches}, on their data; their skipped steps are in those sections (-)."
+    )
 
 
 def _skips_cells(row: dict) -> str:
@@ -135,13 +147,7 @@ def markdown(results: dict) -> str:
         "and at most 1 per 1,000 after (issue 12); step time at most "
         f"{STEP_TARGET:.2f}x, compile time {COMPILE_TARGET:.2f}x, XLA step memory "
         f"{MEMORY_TARGET:.2f}x in total and {MEMORY_PEAK_TARGET:.2f}x at peak (issue 43)."
-        + (
-            f" The KerasHub tasks ({', '.join(t for t in TASKS if t in results['models'])}) "
-            f"are issue 40's sections' models at their batch, {TASK_BATCH}, on their data; "
-            "their skipped steps are in those sections (-)."
-            if set(TASKS) & set(results["models"])
-            else ""
-        ),
+        + _tasks_sentence(results["models"]),
         "",
         "| model | steps | skipped in first 50 (Keras / keras_als) | skipped after "
         "(Keras / keras_als) | keras_als measured on | step time | compile time (s, Keras / "
