@@ -56,7 +56,7 @@ class Gradients(NamedTuple):
 
     weight_grads: list  # per component, its weight gradients (at its scale)
     float16: list  # per component, for each of them, whether computed in float16
-    weight_amax: list  # per component, each one's largest magnitude (inf: not finite)
+    weight_amax: _statistics.WeightAmax  # each one's largest magnitude (inf: not finite)
     in_order: list  # every gradient (at its scale), in variable order
     components: list  # for each, its component's index (None: applied as it is)
     scales: tf.Tensor  # each component's scale
@@ -99,12 +99,11 @@ def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
         weight_grads[i].append(g)
         float16[i].append(_computed_in_float16(v))
         components.append(i)
-    each = iter(_statistics.amaxes([g for group in weight_grads for g in group]))
-    weight_amax = [[next(each) for _ in group] for group in weight_grads]
+    weight_amax = _statistics.WeightAmax.of(weight_grads)
     return Gradients(weight_grads, float16, weight_amax, list(grads), components, plan.scales)
 
 
-def check_finite(plan, weight_amax) -> tuple[tf.Tensor, tf.Tensor]:
+def check_finite(plan, weight_amax: _statistics.WeightAmax) -> tuple[tf.Tensor, tf.Tensor]:
     """Phase 2: whether every gradient is finite on every replica, and which
     components an overflow reached.
 
@@ -118,11 +117,13 @@ def check_finite(plan, weight_amax) -> tuple[tf.Tensor, tf.Tensor]:
     if plan.crossings is not None:
         plan.crossings.finish()  # the boundaries' gradients that still wait
         crossed = plan.crossings.reduced
-    amax_each = [
-        group + [crossed[id(b)].amax for b in c.inside if id(b) in crossed]
-        for group, c in zip(weight_amax, plan.components)
+    inside = [
+        (i, crossed[id(b)].amax)
+        for i, c in enumerate(plan.components)
+        for b in c.inside
+        if id(b) in crossed
     ]
-    not_finite = _not_finite_per_component(amax_each)
+    not_finite = _not_finite_per_component(weight_amax.extended(inside), len(plan.components))
     finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
     reached = _statistics.reached_on_any_replica(tf.logical_and(not_finite, plan.loss_finite))
     return finite, reached
@@ -246,19 +247,17 @@ def unscale(gradient, reciprocal):
     return tf.cast(tf.cast(gradient, tf.float32) * reciprocal, gradient.dtype)
 
 
-def _not_finite_per_component(amax_each: list[list[tf.Tensor]]) -> tf.Tensor:
-    """Per component, True if any of its largest magnitudes (`amax_each[i]`,
-    float32 scalars) is not finite.
+def _not_finite_per_component(amax: _statistics.WeightAmax, size: int) -> tf.Tensor:
+    """Per component (`size` of them), True if any of its largest magnitudes
+    in `amax` is not finite.
 
     One check of all of them at once, not one small one per component; a
     component with nothing to check is finite.
     """
-    components = [i for i, group in enumerate(amax_each) for _ in group]
-    if not components:
-        return tf.zeros([len(amax_each)], tf.bool)
-    finite = tf.math.is_finite(tf.stack([a for group in amax_each for a in group]))
-    not_finite = tf.cast(tf.logical_not(finite), tf.int32)
-    return tf.math.unsorted_segment_max(not_finite, components, len(amax_each)) > 0
+    if not amax.components:
+        return tf.zeros([size], tf.bool)
+    not_finite = tf.cast(tf.logical_not(tf.math.is_finite(amax.values)), tf.int32)
+    return tf.math.unsorted_segment_max(not_finite, list(amax.components), size) > 0
 
 
 def _computed_in_float16(variable) -> bool:

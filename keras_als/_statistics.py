@@ -12,16 +12,17 @@ decide alike; `underflow_shares` measures underflow for the telemetry.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import tensorflow as tf
 
 from keras_als import policies
 
 
-def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
+def measure(plan, weight_amax: WeightAmax, weight_grads) -> policies.Statistics:
     """The statistics of each component of `plan`, in true (unscaled) units.
 
-    From the weight gradients (`weight_grads[i]`: component i's; `weight_amax[i]`,
+    From the weight gradients (`weight_grads[i]`: component i's; `weight_amax`,
     each one's largest magnitude, taken on every step to check it is finite) and from
     the gradients that crossed the boundaries during backprop, as reduced by
     `plan.crossings` (call its `finish` first). Statistics no policy reads are
@@ -33,7 +34,7 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     operations per component instead, they added 33 kernels to the compiled
     step of a tiny KerasHub GPT-2 (19 scales), and time to its compilation.
     """
-    layout = Layout.of(plan, weight_amax)
+    layout = Layout.of(plan, weight_amax.components)
     n = len(plan.components)
     crossed = plan.crossings.reduced
     scales = plan.scales
@@ -42,9 +43,8 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
     ratios = tf.gather(scales, _indices(layout.into)) / tf.gather(scales, _indices(layout.source))
     post = arrived * ratios
     capped = tf.where(post > layout.limits, float("inf"), post)
-    seen = [a for group in weight_amax for a in group]
-    seen += [crossed[id(b)].amax for b in layout.inside]
-    values = tf.concat([_vector(seen), capped], axis=0)
+    inside = _vector([crossed[id(b)].amax for b in layout.inside])
+    values = tf.concat([weight_amax.values, inside, capped], axis=0)
     largest = _segment_max(values, list(layout.seen_at) + list(layout.into), n)
     amax = largest / scales
     incoming_infinite = _segment_any(tf.logical_not(tf.math.is_finite(arrived)), layout.into, n)
@@ -64,6 +64,40 @@ def measure(plan, weight_amax, weight_grads) -> policies.Statistics:
         names=tuple(c.name for c in plan.components),
         flushed=_segment_any(lost, layout.into, n),
     )
+
+
+class WeightAmax(NamedTuple):
+    """Each weight gradient's largest magnitude (`amaxes`), in one float32 vector.
+
+    The finiteness check of every step and the measuring branch read the one
+    vector. Read as one scalar each, every value was widened to float32 in a
+    kernel of its own for each reader in XLA's CPU program: 53 more kernels
+    in a tiny KerasHub BERT's compiled step (`python -m benchmarks.real_models
+    --parts graph`).
+
+    Example:
+
+    >>> grads = [[tf.constant([1.0, -3.0])], [], [tf.constant([2.0])]]
+    >>> amax = WeightAmax.of(grads)
+    >>> amax.values.numpy().tolist(), amax.components
+    ([3.0, 2.0], (0, 2))
+    """
+
+    values: tf.Tensor  # float32, one per weight gradient; inf: not finite
+    components: tuple[int, ...]  # the component of each
+
+    @classmethod
+    def of(cls, weight_grads: list[list]) -> WeightAmax:
+        """From the weight gradients of each component (`weight_grads[i]`: component i's)."""
+        each = amaxes([g for group in weight_grads for g in group])
+        return cls(_vector(each), tuple(i for i, group in enumerate(weight_grads) for _ in group))
+
+    def extended(self, more: list[tuple[int, tf.Tensor]]) -> WeightAmax:
+        """These values followed by `more`, pairs of (component, float32 scalar)."""
+        if not more:
+            return self
+        values = tf.concat([self.values, tf.stack([value for _, value in more])], axis=0)
+        return WeightAmax(values, self.components + tuple(i for i, _ in more))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,10 +129,11 @@ class Layout:
     has_incoming: tf.Tensor
 
     @classmethod
-    def of(cls, plan, weight_amax) -> Layout:
-        """The layout of `plan`'s values, with `weight_amax[i]` those of component i."""
+    def of(cls, plan, weight_components) -> Layout:
+        """The layout of `plan`'s values, with `weight_components` the component
+        of each weight gradient's largest magnitude."""
         crossed = plan.crossings.reduced
-        weights = [i for i, group in enumerate(weight_amax) for _ in group]
+        weights = list(weight_components)
         inside = [
             (b, i) for i, c in enumerate(plan.components) for b in c.inside if id(b) in crossed
         ]
@@ -293,7 +328,7 @@ def subnormals(tensor) -> tf.Tensor:
     return tf.reduce_sum(tf.cast(tiny, tf.float32))
 
 
-def measure_if(measuring, plan, weight_amax, weight_grads) -> policies.Statistics:
+def measure_if(measuring, plan, weight_amax: WeightAmax, weight_grads) -> policies.Statistics:
     """`measure(...)` where `measuring` holds, else statistics that keep every scale.
 
     One branch computes every reduction; a step that does not measure reads

@@ -218,18 +218,16 @@ def test_the_step_record_keeps_no_dropped_optimizer_or_layer_alive():
 
 
 def test_finiteness_is_checked_per_component_and_a_component_without_values_is_finite():
-    from keras_als import _apply_phases
+    from keras_als import _apply_phases, _statistics
 
     inf, nan = float("inf"), float("nan")
-    checks = [
-        [tf.constant(1.0), tf.constant(inf)],
-        [],
-        [tf.constant(65504.0)],
-        [tf.constant(nan)],
-    ]
-    not_finite = _apply_phases._not_finite_per_component(checks)
+    grads = [[tf.constant([1.0]), tf.constant([inf])], [], [tf.constant([65504.0])], []]
+    amax = _statistics.WeightAmax.of(grads).extended([(3, tf.constant(nan))])
+    assert amax.components == (0, 0, 2, 3)
+    not_finite = _apply_phases._not_finite_per_component(amax, 4)
     assert not_finite.numpy().tolist() == [True, False, False, True]
-    assert _apply_phases._not_finite_per_component([[], []]).numpy().tolist() == [False, False]
+    nothing = _statistics.WeightAmax.of([[], []])
+    assert _apply_phases._not_finite_per_component(nothing, 2).numpy().tolist() == [False, False]
 
 
 def test_amaxes_are_each_gradients_largest_magnitude_in_float32_with_nan_reading_as_inf():
