@@ -1,14 +1,31 @@
-"""The scale boundary: an identity whose gradient is multiplied by a ratio.
+"""The scale boundary: an identity whose gradient is divided by a power of two.
 
 `insert(owner, tensors)` places one boundary on floating-point tensors a
 scaled layer receives (`_layer_call` places one per input, since inputs
-from different regions need different ratios). Forward, it is an identity. Backward, its gradient
-function hands the gradient arriving from the layer to the plan's `crossings`
-(which reduce it for the statistics on the steps that measure; a large one
-then waits for its reductions, through an exact zero added to the ratio) and multiplies
-it by `ratio`, a power of two that the optimizer's plan sets before backprop
+from different regions need different divisors). Forward, it is an identity.
+Backward, its gradient function hands the gradient arriving from the layer to
+the plan's `crossings` (which reduce it for the statistics on the steps that
+measure; a large one then waits for its reductions, through an exact zero
+added to the divisor) and divides it by `divisor`, the layer's scale over the
+scale upstream: a power of two that the optimizer's plan sets before backprop
 starts. Every boundary made while tracing a graph goes into the step's record
 (`_step_record`), so that the plan can find the scale components of that graph.
+
+Why a division, where a multiply by the reciprocal gives the same bits (both
+are exact for a power of two): XLA's CPU compiler counts a floating-point
+division as expensive and computes it once, where it recomputes a multiply,
+and the cheap operations behind it, inside every fusion that reads the
+gradient (35 fusions, for one boundary of a tiny KerasHub BERT, whose layer
+norms read a gradient in several reductions each). A division is written
+once, in float32, and cuts those chains: that BERT's step took 1.06x of
+Keras's with multiplies and takes 0.96x with divisions (`python -m
+benchmarks.real_models --parts cost --models bert_tiny`). A convolution's
+feature maps are another matter: large, read by few fusions, and written in
+float32 they raised MobileNetV2's step memory at its peak from 1.004x to
+1.28x of Keras's (`--parts memory --models mobilenet_v2`). So gradients of
+rank `DIVIDED_RANK` or less (tokens' features, vectors) are divided, and
+larger ones (feature maps) multiplied by the reciprocal, which XLA writes
+nowhere.
 
 Outside a traced function there is no graph to walk, so `insert` returns the
 tensors unchanged.
@@ -34,11 +51,12 @@ class Boundary:
         limit: The largest finite value of the upstream gradient's dtype (its
             gradient is cast back to the dtype of `upstream` in `insert`).
         outputs: Tensors leaving it (the wrapped layer's side).
-        ratio: Scalar float32 multiplier for the gradient, handed over by the
-            plan (`connect`); None leaves the gradient unchanged.
+        divisor: Scalar float32 power of two the gradient is divided by,
+            handed over by the plan (`connect`); None leaves the gradient
+            unchanged.
         crossings: The plan's `_crossings.Crossings`, which take the gradient
             arriving from the wrapped layer's side (at the scale of that side),
-            before the multiply; None: nobody measures it.
+            before the division; None: nobody measures it.
     """
 
     def __init__(self, owner, inputs, limit):
@@ -46,34 +64,43 @@ class Boundary:
         self.inputs = tuple(inputs)
         self.limit = limit
         self.outputs: tuple = ()
-        self.ratio: tf.Tensor | None = None
+        self.divisor: tf.Tensor | None = None
         self.crossings = None
 
     @property
     def owner(self):
         return self._owner()
 
-    def connect(self, ratio: tf.Tensor | None, crossings) -> None:
-        """Takes the plan's ratio and crossings for the backward pass."""
-        self.ratio = ratio
+    def connect(self, divisor: tf.Tensor | None, crossings) -> None:
+        """Takes the plan's divisor and crossings for the backward pass."""
+        self.divisor = divisor
         self.crossings = crossings
 
     def backward(self, *gradients):
-        ratio = self.ratio
+        divisor = self.divisor
         if self.crossings is not None:
             zero = self.crossings.arrived(self, [g for g in gradients if g is not None])
             if zero is not None:  # the gradients wait for their reductions (`_crossings`)
-                ratio = zero + (1.0 if ratio is None else ratio)
-        if ratio is None:
+                divisor = zero + (1.0 if divisor is None else divisor)
+        if divisor is None:
             return list(gradients)
-        return [None if g is None else multiply(g, ratio) for g in gradients]
+        return [None if g is None else divide(g, divisor) for g in gradients]
 
 
-def multiply(gradient: tf.Tensor, ratio: tf.Tensor) -> tf.Tensor:
-    """`gradient * ratio`, computed in float32 so that any power of two is exact."""
-    if gradient.dtype == tf.float32:
-        return gradient * ratio
-    return tf.cast(tf.cast(gradient, tf.float32) * ratio, gradient.dtype)
+DIVIDED_RANK = 3
+"""Gradients of at most this rank are divided; larger ones are multiplied by
+the divisor's reciprocal (see the module docstring)."""
+
+
+def divide(gradient: tf.Tensor, divisor: tf.Tensor) -> tf.Tensor:
+    """`gradient / divisor`, computed in float32 so that any power of two is exact."""
+    wide = tf.cast(gradient, tf.float32)
+    rank = gradient.shape.rank
+    if rank is not None and rank <= DIVIDED_RANK:
+        quotient = wide / divisor
+    else:
+        quotient = wide * (1.0 / divisor)
+    return tf.cast(quotient, gradient.dtype)
 
 
 def insert(owner, tensors: list[tf.Tensor], upstream: list[tf.Tensor] | None = None):

@@ -615,7 +615,7 @@ def test_real_model_table_gives_each_ablation_as_ms_and_a_ratio_to_keras():
         "keras_als": 6.0,
         "measuring_never": 5.5,
         "no_boundary_reductions": 5.1,
-        "no_boundary_multiplies": 5.3,
+        "no_boundary_rescaling": 5.3,
         "wrapper_only": 5.2,
     }
     text = report.markdown({"batch": 8, "models": {"m": _real_model_row(1, breakdown=ms)}})

@@ -25,13 +25,13 @@ class _NoReductions:
 
 
 ONE_SCALE = 2.0**10
-"""Every scale of the `no_boundary_multiplies` ablation (within Keras's
+"""Every scale of the `no_boundary_rescaling` ablation (within Keras's
 dynamic range for these models: no step overflows)."""
 
 
-def _not_multiplied(gradient, ratio):
-    """Stands in for `keras_als._boundary.multiply` where every ratio is 1
-    (all scales `ONE_SCALE`): the boundaries' multiplies, left out."""
+def _not_divided(gradient, divisor):
+    """Stands in for `keras_als._boundary.divide` where every divisor is 1
+    (all scales `ONE_SCALE`): the boundaries' rescaling, left out."""
     return gradient
 
 
@@ -61,10 +61,10 @@ def without_crossing_reductions() -> contextlib.AbstractContextManager:
     return _replaced("_crossings", "Crossings", lambda _: _NoReductions)
 
 
-def without_boundary_multiplies() -> contextlib.AbstractContextManager:
-    """Steps traced inside leave the boundaries' multiplies out (right only
-    where every ratio is 1: every scale `ONE_SCALE`)."""
-    return _replaced("_boundary", "multiply", lambda _: _not_multiplied)
+def without_boundary_rescaling() -> contextlib.AbstractContextManager:
+    """Steps traced inside leave the boundaries' divisions out (right only
+    where every divisor is 1: every scale `ONE_SCALE`)."""
+    return _replaced("_boundary", "divide", lambda _: _not_divided)
 
 
 def crossings_reduced_last() -> contextlib.AbstractContextManager:

@@ -24,7 +24,7 @@ ABLATIONS = (
     "keras_with_state",
     "measuring_never",
     "no_boundary_reductions",
-    "no_boundary_multiplies",
+    "no_boundary_rescaling",
     "optimizer_only",
     "wrapper_only",
 )
@@ -67,8 +67,8 @@ def step_breakdown(
     never measured again after the warm-up steps (the next measurement set 10**6 steps away),
     keras_als without the reductions of the gradients crossing the boundaries (an
     ablation that changes what the scales are chosen from, for costing only),
-    keras_als without the boundaries' multiplies (every scale `ablations.ONE_SCALE`, so
-    every ratio is 1 and leaving them out changes no value), and
+    keras_als without the boundaries' divisions (every scale `ablations.ONE_SCALE`, so
+    every divisor is 1 and leaving them out changes no value), and
     each half alone: keras_als's optimizer on the model not wrapped (one scale,
     the loss's), and the wrapped model with Keras's optimizer; and Keras's
     optimizer assigning, every step, as many small variables of its own as
@@ -91,8 +91,8 @@ def step_breakdown(
             state = 0
             if variant == "keras_with_state":  # keras and keras_als are built (group 0 first)
                 state = len(optimizers["keras_als"].variables) - len(optimizers["keras"].variables)
-            unmultiplied = variant == "no_boundary_multiplies"
-            policy = keras_als.policies.Fixed(ablations.ONE_SCALE) if unmultiplied else "max_safe"
+            unrescaled = variant == "no_boundary_rescaling"
+            policy = keras_als.policies.Fixed(ablations.ONE_SCALE) if unrescaled else "max_safe"
             model, optimizer = build(
                 name,
                 method,
@@ -105,8 +105,8 @@ def step_breakdown(
             with contextlib.ExitStack() as ablated:
                 if variant == "no_boundary_reductions":
                     ablated.enter_context(ablations.without_crossing_reductions())
-                if unmultiplied:
-                    ablated.enter_context(ablations.without_boundary_multiplies())
+                if unrescaled:
+                    ablated.enter_context(ablations.without_boundary_rescaling())
                 for _ in range(3):  # trace, compile and warm up
                     train_on_batch(model, x, y)
             if variant == "measuring_never":

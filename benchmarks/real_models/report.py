@@ -199,8 +199,8 @@ def markdown(results: dict) -> str:
             "keras_als's optimizer adds; `measuring_never`: scales not measured again after the "
             "first step; `no_boundary_reductions`: an ablation without the reductions of "
             "the gradients crossing the boundaries, for costing only; "
-            "`no_boundary_multiplies`: every scale 2**10, so every ratio is 1, and the "
-            "boundaries' multiplies left out; `optimizer_only`: "
+            "`no_boundary_rescaling`: every scale 2**10, so every divisor is 1, and the "
+            "boundaries' divisions left out; `optimizer_only`: "
             "keras_als's optimizer on the model not wrapped; `wrapper_only`: the wrapped "
             "model with Keras's optimizer; -: not in that run):",
             "",
