@@ -6,8 +6,8 @@ from different regions need different divisors). Forward, it is an identity.
 Backward, its gradient function hands the gradient arriving from the layer to
 the plan's `crossings` (which reduce it for the statistics on the steps that
 measure; a large one then waits for its reductions, through an exact zero
-added to the divisor) and divides it by `divisor`, the layer's scale over the
-scale upstream: a power of two that the optimizer's plan sets before backprop
+added to its factor) and divides it by the layer's scale over the scale
+upstream: a power of two that the optimizer's plan sets before backprop
 starts. Every boundary made while tracing a graph goes into the step's record
 (`_step_record`), so that the plan can find the scale components of that graph.
 
@@ -22,10 +22,12 @@ Keras's with multiplies and takes 0.96x with divisions (`python -m
 benchmarks.real_models --parts cost --models bert_tiny`). A convolution's
 feature maps are another matter: large, read by few fusions, and written in
 float32 they raised MobileNetV2's step memory at its peak from 1.004x to
-1.28x of Keras's (`--parts memory --models mobilenet_v2`). So gradients of
-rank `DIVIDED_RANK` or less (tokens' features, vectors) are divided, and
-larger ones (feature maps) multiplied by the reciprocal, which XLA writes
-nowhere.
+1.28x of Keras's, when every boundary divided (`--parts memory --models
+mobilenet_v2`). So a boundary whose tensors are all of rank `DIVIDED_RANK` or
+less (tokens' features, vectors) `divides`, and one with larger tensors
+(feature maps) multiplies by the reciprocal, which XLA writes nowhere. The
+plan computes every boundary's factor, divisor or reciprocal, in one vector
+op: a scalar division per boundary would be a kernel of its own.
 
 Outside a traced function there is no graph to walk, so `insert` returns the
 tensors unchanged.
@@ -51,9 +53,11 @@ class Boundary:
         limit: The largest finite value of the upstream gradient's dtype (its
             gradient is cast back to the dtype of `upstream` in `insert`).
         outputs: Tensors leaving it (the wrapped layer's side).
-        divisor: Scalar float32 power of two the gradient is divided by,
-            handed over by the plan (`connect`); None leaves the gradient
-            unchanged.
+        divides: Whether its gradient is divided by `factor` (every input of
+            rank `DIVIDED_RANK` or less) or multiplied by it (the factor is
+            then the reciprocal of the divisor).
+        factor: Scalar float32 power of two, handed over by the plan
+            (`connect`); None leaves the gradient unchanged.
         crossings: The plan's `_crossings.Crossings`, which take the gradient
             arriving from the wrapped layer's side (at the scale of that side),
             before the division; None: nobody measures it.
@@ -64,27 +68,30 @@ class Boundary:
         self.inputs = tuple(inputs)
         self.limit = limit
         self.outputs: tuple = ()
-        self.divisor: tf.Tensor | None = None
+        self.divides = all(
+            t.shape.rank is not None and t.shape.rank <= DIVIDED_RANK for t in self.inputs
+        )
+        self.factor: tf.Tensor | None = None
         self.crossings = None
 
     @property
     def owner(self):
         return self._owner()
 
-    def connect(self, divisor: tf.Tensor | None, crossings) -> None:
-        """Takes the plan's divisor and crossings for the backward pass."""
-        self.divisor = divisor
+    def connect(self, factor: tf.Tensor | None, crossings) -> None:
+        """Takes the plan's factor and crossings for the backward pass."""
+        self.factor = factor
         self.crossings = crossings
 
     def backward(self, *gradients):
-        divisor = self.divisor
+        factor = self.factor
         if self.crossings is not None:
             zero = self.crossings.arrived(self, [g for g in gradients if g is not None])
             if zero is not None:  # the gradients wait for their reductions (`_crossings`)
-                divisor = zero + (1.0 if divisor is None else divisor)
-        if divisor is None:
+                factor = zero + (1.0 if factor is None else factor)
+        if factor is None:
             return list(gradients)
-        return [None if g is None else divide(g, divisor) for g in gradients]
+        return [None if g is None else rescale(g, factor, self.divides) for g in gradients]
 
 
 DIVIDED_RANK = 3
@@ -92,15 +99,11 @@ DIVIDED_RANK = 3
 the divisor's reciprocal (see the module docstring)."""
 
 
-def divide(gradient: tf.Tensor, divisor: tf.Tensor) -> tf.Tensor:
-    """`gradient / divisor`, computed in float32 so that any power of two is exact."""
+def rescale(gradient: tf.Tensor, factor: tf.Tensor, divides: bool) -> tf.Tensor:
+    """`gradient / factor` if `divides`, else `gradient * factor`, computed in
+    float32 so that any power of two is exact."""
     wide = tf.cast(gradient, tf.float32)
-    rank = gradient.shape.rank
-    if rank is not None and rank <= DIVIDED_RANK:
-        quotient = wide / divisor
-    else:
-        quotient = wide * (1.0 / divisor)
-    return tf.cast(quotient, gradient.dtype)
+    return tf.cast(wide / factor if divides else wide * factor, gradient.dtype)
 
 
 def insert(owner, tensors: list[tf.Tensor], upstream: list[tf.Tensor] | None = None):

@@ -11,7 +11,7 @@ gradients wait as they arrive, and the waiting ones are reduced together in
 one branch as soon as they hold `WAITING_BYTES` or more, which bounds the
 memory they keep alive; `finish` reduces the last ones. A gradient that
 fills a group on its own (`WAITING_BYTES` or more) is made to wait for its
-branch: the boundary adds to its divisor an exact zero read from the branch's
+branch: the boundary adds to its factor an exact zero read from the branch's
 result, so XLA runs the branch where the gradient arrives and can free it
 there. Without that, XLA schedules a branch where its results are read,
 after backprop, and keeps its operands alive until then: the small
@@ -89,7 +89,7 @@ class Crossings:
         """Takes the gradients that crossed `boundary` (called during backprop).
 
         Returns an exact float32 zero read from their branch if they filled a
-        group alone (the boundary adds it to its divisor, so that they wait for
+        group alone (the boundary adds it to its factor, so that they wait for
         their reductions), else None.
         """
         gradients = [g for g in gradients if values_of(g).graph is self.graph]

@@ -15,8 +15,8 @@ component, else the entry of a scaled layer whose weights lie in it, else that
 of another variable in it, else (a component with no variables) that of a
 component its gradient comes from. Every other entry of a variable in the
 component is kept equal to it, as an alias. A boundary from
-component `a` (input side) to `b` multiplies the gradient by
-`scale[a] / scale[b]`.
+component `a` (input side) to `b` divides the gradient by
+`scale[b] / scale[a]` (or multiplies it by the reciprocal, `_boundary`).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Plan:
     scale_vector: tf.Tensor  # float32, every entry of the optimizer's scales, read then too
     component_of: Mapping[int, int]  # id(variable handle) -> component index
     sides: Mapping[int, tuple[int, int]]  # id(boundary) -> (input side, output side)
-    divisors: Mapping[int, tf.Tensor]  # id(boundary) -> what its gradient is divided by
+    factors: Mapping[int, tf.Tensor]  # id(boundary) -> its divisor, or its reciprocal
     loss_component: int
     built: bool  # scale variables existed when the plan was made
     loss_finite: tf.Tensor  # bool: the loss (forward pass) was finite
@@ -102,10 +102,10 @@ class Plan:
 
 
 def connect(plan: Plan) -> None:
-    """Hands every boundary of `plan` its divisor and the plan's crossings, which
+    """Hands every boundary of `plan` its factor and the plan's crossings, which
     its gradient function reads during backprop (call before `tape.gradient`)."""
     for b in plan.boundaries():
-        b.connect(plan.divisors.get(id(b)), plan.crossings)
+        b.connect(plan.factors.get(id(b)), plan.crossings)
 
 
 @dataclasses.dataclass
@@ -257,7 +257,7 @@ def make_plan(
         scale_vector,
         types.MappingProxyType({k: final[c] for k, c in component_of.items()}),
         types.MappingProxyType(sides),
-        types.MappingProxyType(_divisors(scales, [b for b, _, _ in reached], sides)),
+        types.MappingProxyType(_factors(scales, [b for b, _, _ in reached], sides)),
         final[loss_component],
         built,
         loss_finite=tf.reduce_all(tf.math.is_finite(loss)),
@@ -329,13 +329,14 @@ def _merge_by_entry(drafts: list[_Draft]) -> tuple[list[_Draft], list[int]]:
     return merged, final
 
 
-def _divisors(scales: tf.Tensor, reached: list, sides: dict) -> dict:
-    """Every boundary's divisor (its output side's scale over its input side's)
-    that joins two components, from one vector op rather than one per boundary."""
+def _factors(scales: tf.Tensor, reached: list, sides: dict) -> dict:
+    """The factor of every boundary that joins two components, from one vector
+    op rather than one per boundary: the divisor (its output side's scale over
+    its input side's) for one that `divides`, else the divisor's reciprocal."""
     crossing = [(b, *sides[id(b)]) for b in reached if sides[id(b)][0] != sides[id(b)][1]]
     if not crossing:
         return {}
-    values = tf.gather(scales, [o for _, _, o in crossing]) / tf.gather(
-        scales, [a for _, a, _ in crossing]
-    )
+    over = [o if b.divides else a for b, a, o in crossing]
+    under = [a if b.divides else o for b, a, o in crossing]
+    values = tf.gather(scales, over) / tf.gather(scales, under)
     return {id(b): value for (b, _, _), value in zip(crossing, tf.unstack(values))}

@@ -134,7 +134,7 @@ def test_a_plan_cannot_change_after_it_is_made():
     with pytest.raises(TypeError):
         made.component_of[0] = 1
     with pytest.raises(TypeError):
-        made.divisors[0] = 1.0
+        made.factors[0] = 1.0
 
 
 def test_the_step_record_is_per_graph_and_empty_outside_a_traced_function():

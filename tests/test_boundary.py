@@ -1,10 +1,13 @@
-"""The boundary's backward rescaling: exact for any power of two, at any rank."""
+"""The boundary's backward rescaling: exact for any power of two, at any rank,
+with every factor from the plan's one vector division."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_als import _boundary
+import keras_als
+from keras_als import _boundary, _scale_state, _step_record
 
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan]
 
@@ -19,31 +22,85 @@ def _gradient(shape, dtype) -> np.ndarray:
 
 @pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.parametrize("exponent", [-88, 10, 88])
+@pytest.mark.parametrize("divides", [True, False])
 @pytest.mark.parametrize("shape", [(16,), (2, 3, 16), (2, 3, 3, 16)])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_dividing_by_a_power_of_two_rounds_once_from_the_exact_quotient(
-    dtype, shape, exponent, jit_compile
+def test_rescaling_by_a_power_of_two_rounds_once_from_the_exact_quotient(
+    dtype, shape, divides, exponent, jit_compile
 ):
     values = _gradient(shape, dtype)
     # float64 holds every quotient exactly; casting rounds it once, as float32 must.
-    expected = (values.astype(np.float64) / 2.0**exponent).astype(dtype)
-    divide = tf.function(_boundary.divide, jit_compile=jit_compile)
-    got = divide(tf.constant(values), tf.constant(2.0**exponent, tf.float32)).numpy()
+    with np.errstate(over="ignore"):  # quotients beyond the dtype's range: inf
+        expected = (values.astype(np.float64) / 2.0**exponent).astype(dtype)
+    factor = 2.0**exponent if divides else 2.0**-exponent
+    rescale = tf.function(_boundary.rescale, jit_compile=jit_compile)
+    got = rescale(tf.constant(values), tf.constant(factor, tf.float32), divides).numpy()
     assert got.dtype == expected.dtype
     np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
-def test_gradients_up_to_the_divided_rank_are_divided_and_larger_ones_multiplied(rank):
-    @tf.function
-    def rescale(gradient, divisor):
-        return _boundary.divide(gradient, divisor)
+def test_boundaries_up_to_the_divided_rank_divide_and_larger_ones_multiply(rank):
+    boundaries = []
 
-    graph = rescale.get_concrete_function(
+    @tf.function
+    def backward(x, factor):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            (y,) = _boundary.insert(keras.layers.Layer(), [x])
+        boundary = _step_record.read().boundaries[-1]
+        boundary.connect(factor, None)
+        boundaries.append(boundary)
+        return tape.gradient(y, x)
+
+    graph = backward.get_concrete_function(
         tf.TensorSpec([2] * rank, tf.float16), tf.TensorSpec([], tf.float32)
     ).graph
-    kinds = {op.type for op in graph.get_operations()}
-    if rank <= _boundary.DIVIDED_RANK:
-        assert "RealDiv" in kinds and "Mul" not in kinds, kinds
+    kinds = [op.type for op in graph.get_operations()]
+    assert boundaries[0].divides == (rank <= _boundary.DIVIDED_RANK)
+    if boundaries[0].divides:
+        assert kinds.count("RealDiv") == 1 and "Mul" not in kinds, kinds
     else:
-        assert "Mul" in kinds, kinds
+        assert kinds.count("Mul") == 1 and "RealDiv" not in kinds, kinds
+
+
+def test_the_plan_computes_every_boundarys_factor_in_one_vector_division():
+    """Two convolutions (feature maps: the boundary multiplies) and two dense
+    layers (features: it divides), each with its own scale: every factor is
+    the divisor or its reciprocal, exactly, and all come from one op."""
+    model = keras_als.wrap_model(
+        keras.Sequential(
+            [
+                keras.Input((8, 8, 3)),
+                keras.layers.Conv2D(4, 3, name="conv_a"),
+                keras.layers.Conv2D(4, 3, name="conv_b"),
+                keras.layers.GlobalAveragePooling2D(),
+                keras.layers.Dense(5, name="dense_a"),
+                keras.layers.Dense(1, name="dense_b"),
+            ]
+        )
+    )
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
+    optimizer.build(model.trainable_variables)
+    table = _scale_state.table(optimizer).numpy()
+    table[_scale_state.PER_SCALE.index("scale")] = [
+        2.0 ** (3 + 5 * i) for i in range(table.shape[1])
+    ]
+    _scale_state.assign(optimizer, table)
+    seen = []
+
+    @tf.function
+    def factors():
+        optimizer.scale_loss(tf.reduce_sum(model(tf.ones((1, 8, 8, 3)))))
+        plan = _step_record.read().plan_for(optimizer)
+        crossing = [b for b in plan.boundaries() if id(b) in plan.factors]
+        seen.extend((b.divides, *plan.sides[id(b)], plan.factors[id(b)].op.name) for b in crossing)
+        return tf.stack([plan.factors[id(b)] for b in crossing]), plan.scales
+
+    got, scales = (t.numpy() for t in factors())
+    assert sorted(divides for divides, _, _, _ in seen) == [False, True, True]
+    assert len({op for _, _, _, op in seen}) == 1
+    for (divides, upstream, own, _), factor in zip(seen, got):
+        divisor = scales[own] / scales[upstream]
+        assert divisor != 1.0
+        assert factor == (divisor if divides else 1.0 / divisor)

@@ -29,8 +29,8 @@ ONE_SCALE = 2.0**10
 dynamic range for these models: no step overflows)."""
 
 
-def _not_divided(gradient, divisor):
-    """Stands in for `keras_als._boundary.divide` where every divisor is 1
+def _not_rescaled(gradient, factor, divides):
+    """Stands in for `keras_als._boundary.rescale` where every factor is 1
     (all scales `ONE_SCALE`): the boundaries' rescaling, left out."""
     return gradient
 
@@ -64,7 +64,7 @@ def without_crossing_reductions() -> contextlib.AbstractContextManager:
 def without_boundary_rescaling() -> contextlib.AbstractContextManager:
     """Steps traced inside leave the boundaries' divisions out (right only
     where every divisor is 1: every scale `ONE_SCALE`)."""
-    return _replaced("_boundary", "divide", lambda _: _not_divided)
+    return _replaced("_boundary", "rescale", lambda _: _not_rescaled)
 
 
 def crossings_reduced_last() -> contextlib.AbstractContextManager:
