@@ -15,11 +15,11 @@ branch: the boundary adds to its factor an exact zero read from the branch's
 result, so XLA runs the branch where the gradient arrives and can free it
 there. Without that, XLA schedules a branch where its results are read,
 after backprop, and keeps its operands alive until then: the small
-Transformer's step memory was 1.089x Keras's in total and 1.052x at its
-peak, and is 0.998x and 0.995x so (`python -m benchmarks.memory --breakdown
+Transformer's step memory is 1.034x Keras's in total and 1.038x at its
+peak, and is 0.989x and 0.985x so (`python -m benchmarks.memory --breakdown
 transformer`, the `crossings_never_wait` variant). Making every group wait
-so raised the digits CNN's peak from 1.084x to 1.203x of Keras's, where
-lone gradients only leave it at 1.084x. One branch per
+so raises the digits CNN's peak from 1.054x to 1.203x of Keras's, where
+lone gradients only leave it at 1.054x. One branch per
 boundary, made where its gradient arrives, was measured against this: no
 faster (interleaved in one process, three instances each: BERT's step 0.98x
 ± 0.01 of this one's, GPT-2's 1.02x ± 0.004), and slower to compile (23

@@ -241,7 +241,7 @@ def test_the_instrumented_model_with_keras_optimizer_hands_xla_the_plain_models_
     names, metadata, the order of its parameters and instructions whose results
     nothing reads aside (`programs.same_program`; XLA removes those first).
     Instrumenting alone adds nothing to the compiled step; keras_als's cost is
-    its optimizer's and the divisors its plan hands the boundaries
+    its optimizer's and the factors its plan hands the boundaries
     (`--parts graph` compares the optimized HLO of the four real models). The
     HLO before XLA's optimizations is four times faster to get than after."""
     plain = programs.compiled_step(name, "keras", stage="hlo")
