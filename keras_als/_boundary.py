@@ -95,8 +95,9 @@ class Boundary:
 
 
 DIVIDED_RANK = 3
-"""Gradients of at most this rank are divided; larger ones are multiplied by
-the divisor's reciprocal (see the module docstring)."""
+"""A boundary whose inputs are all of at most this rank divides its gradients;
+one with a larger input multiplies them by the divisor's reciprocal (see the
+module docstring)."""
 
 
 def rescale(gradient: tf.Tensor, factor: tf.Tensor, divides: bool) -> tf.Tensor:
