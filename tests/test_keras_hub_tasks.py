@@ -32,6 +32,12 @@ TASKS = {  # builder, data, loss (None: the task's own)
     "vit_classifier": (hub_tasks.vit_classifier, lambda: hub_tasks.classification_data(32), SPARSE),
 }
 
+TRAINED_WITH_XLA = {"retinanet"}
+"""Tasks the mixed_float16 training test compiles with XLA. In a TensorFlow
+graph a CPU computes float16 convolutions in TensorFlow's own kernels, several
+times slower: RetinaNet's test took 185 s so, 67 s with XLA. DeepLabV3 does
+not compile with XLA under mixed_float16 (see its test below)."""
+
 
 def _build(name, policy="float32"):
     keras.config.set_dtype_policy(policy)
@@ -39,9 +45,13 @@ def _build(name, policy="float32"):
     return TASKS[name][0]()
 
 
-def _compile(model, name, optimizer):
+def _compile(model, name, optimizer, jit_compile=False):
     loss = TASKS[name][2]
-    model.compile(optimizer=optimizer, **({"loss": loss} if loss is not None else {}))
+    model.compile(
+        optimizer=optimizer,
+        jit_compile=jit_compile,
+        **({"loss": loss} if loss is not None else {}),
+    )
 
 
 @pytest.mark.slow
@@ -50,7 +60,9 @@ def test_a_task_keeps_its_class_config_and_paths_and_trains_under_mixed_float16(
     """Wrapped in place, the task is the same object with the same class, config,
     variable paths and weights; every layer with weights, nested ones included,
     gets a scale; its own loss falls over six steps and no more steps are
-    skipped than Keras's LossScaleOptimizer skips on the same task."""
+    skipped than Keras's LossScaleOptimizer skips on the same task (both
+    with XLA for the tasks of `TRAINED_WITH_XLA`, else in a TensorFlow graph)."""
+    jit = name in TRAINED_WITH_XLA
     model = _build(name, "mixed_float16")
     before, weights = models.description(model), list(model.weights)
     assert keras_als.wrap_model(model) is model
@@ -59,14 +71,14 @@ def test_a_task_keeps_its_class_config_and_paths_and_trains_under_mixed_float16(
 
     x, y = TASKS[name][1]()
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    _compile(model, name, optimizer)
+    _compile(model, name, optimizer, jit)
     prebuild(model)  # one trace of the step instead of two (the other tests fit unbuilt)
     losses = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
     assert losses[-1] < losses[0], losses
     assert len(optimizer.layer_scales()) - 1 == len(models.scaled_layers(model))
 
     keras_model = _build(name, "mixed_float16")
-    _compile(keras_model, name, keras.optimizers.Adam(1e-3))  # Keras's LossScaleOptimizer
+    _compile(keras_model, name, keras.optimizers.Adam(1e-3), jit)  # Keras's LossScaleOptimizer
     prebuild(keras_model)  # one trace of the reference's step instead of two
     keras_model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
     keras_skipped = 2 * len(x if not isinstance(x, dict) else x["token_ids"]) // 8 - int(
@@ -172,6 +184,26 @@ def test_retinanet_evaluates_with_its_loss_and_decodes_boxes_as_the_plain_detect
         model = model or keras_als.wrap_model(_build("retinanet", "mixed_float16"))
         with pytest.raises(TypeError, match="float32.*float16|float16.*float32"):
             model.predict(x[:2], verbose=0)
+
+
+@pytest.mark.slow
+def test_deeplab_v3_under_mixed_float16_does_not_compile_with_xla_plain_or_instrumented():
+    """The limitations guide's DeepLabV3 entry: under mixed_float16, TensorFlow
+    2.21's XLA rejects the segmenter's backward pass (the gradient of its
+    bilinear resize comes out in float32 beside a float16 ReLU gradient), with
+    Keras's optimizer on the plain task and with keras_als on the instrumented
+    one alike. If TensorFlow fixes it, this fails: update the guide."""
+    x, y = hub_tasks.segmentation_data(8)
+    for model, optimizer in (
+        (_build("deeplab_v3", "mixed_float16"), keras.optimizers.Adam(1e-3)),
+        (
+            keras_als.wrap_model(_build("deeplab_v3", "mixed_float16")),
+            keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3)),
+        ),
+    ):
+        _compile(model, "deeplab_v3", optimizer, jit_compile=True)
+        with pytest.raises(tf.errors.InternalError, match="different precisions"):
+            model.train_on_batch(x, y)
 
 
 @pytest.mark.slow
