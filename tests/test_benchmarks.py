@@ -283,6 +283,34 @@ def test_the_memory_and_step_time_ablations_leave_the_crossing_reductions_out_an
     assert reductions() == {id(boundary): 3.0}
 
 
+def test_the_rescaling_ablation_hands_the_crossing_gradient_on_as_it_arrived_and_only_inside():
+    """`without_boundary_rescaling` (the step breakdown's `no_boundary_rescaling`)
+    leaves a boundary's gradient as it arrives, for a boundary that divides (rank
+    2) and one that multiplies (rank 4); on exit, the boundaries divide by 4 (or
+    multiply by 1/4) again, exactly."""
+    import keras
+    import tensorflow as tf
+
+    from benchmarks.harness import ablations
+    from keras_als import _boundary
+
+    owner = keras.layers.Dense(1)  # held weakly by the boundary
+    arriving = [1.0, -6.0, 2.0**-20, 3.0]
+
+    def crossed(rank):
+        inputs = tf.zeros([1] * (rank - 1) + [4])
+        boundary = _boundary.Boundary(owner, [inputs], float("inf"))
+        boundary.connect(tf.constant(4.0 if boundary.divides else 0.25), None)
+        (gradient,) = boundary.backward(tf.reshape(tf.constant(arriving), inputs.shape))
+        return boundary.divides, tf.reshape(gradient, [-1]).numpy().tolist()
+
+    quarter = [v / 4 for v in arriving]
+    assert crossed(2) == (True, quarter) and crossed(4) == (False, quarter)
+    with ablations.without_boundary_rescaling():
+        assert crossed(2) == (True, arriving) and crossed(4) == (False, arriving)
+    assert crossed(2) == (True, quarter) and crossed(4) == (False, quarter)
+
+
 def test_the_scheduling_ablations_reduce_the_same_values_at_other_points(monkeypatch):
     """With every arrival a group of its own: keras_als reduces it on arrival
     and hands back an exact zero read from the branch; `crossings_never_wait`

@@ -62,8 +62,9 @@ def without_crossing_reductions() -> contextlib.AbstractContextManager:
 
 
 def without_boundary_rescaling() -> contextlib.AbstractContextManager:
-    """Steps traced inside leave the boundaries' divisions out (right only
-    where every divisor is 1: every scale `ONE_SCALE`)."""
+    """Steps traced inside leave the boundaries' rescaling out, division and
+    multiplication alike (right only where every divisor is 1: every scale
+    `ONE_SCALE`)."""
     return _replaced("_boundary", "rescale", lambda _: _not_rescaled)
 
 
