@@ -170,14 +170,14 @@ def batches(model: keras.Model, count: int, seed: int = 0) -> list:
     return [(inputs(), rng.integers(0, 2, 8)) for _ in range(count)]
 
 
-def _skipped_training(model, optimizer, data, jit: bool = True) -> tuple[int, int]:
-    """Trains `model` on `data` (with XLA unless `jit` is False): its skipped
-    steps, and its weights that hold a value that is not finite at the end
-    (an optimizer that applied a non-finite gradient)."""
+def _skipped_training(model, optimizer, data) -> tuple[int, int]:
+    """Trains `model` on `data` with XLA: its skipped steps, and its weights
+    that hold a value that is not finite at the end (an optimizer that applied
+    a non-finite gradient)."""
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=jit,
+        jit_compile=True,
     )
     prebuild(model)
     for x, y in data:
@@ -186,9 +186,8 @@ def _skipped_training(model, optimizer, data, jit: bool = True) -> tuple[int, in
     return skipped, sum(not np.isfinite(w).all() for w in model.get_weights())
 
 
-def try_model(make, steps: int, jit: bool = True) -> dict:
-    """Wraps and trains the model `make()` builds (see the module docstring;
-    `jit=False` trains in a TensorFlow graph instead of with XLA)."""
+def try_model(make, steps: int) -> dict:
+    """Wraps and trains the model `make()` builds (see the module docstring)."""
     row = {}
     try:
         keras.config.set_dtype_policy("float32")
@@ -219,9 +218,7 @@ def try_model(make, steps: int, jit: bool = True) -> dict:
             reference = make()
             reference.set_weights(weights)
             keras_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
-            row["keras"], keras_not_finite = _skipped_training(
-                reference, keras_optimizer, data, jit
-            )
+            row["keras"], keras_not_finite = _skipped_training(reference, keras_optimizer, data)
         except Exception as error:
             row["error"] = f"fails with Keras's optimizer too: {type(error).__name__}"
             return row
@@ -229,7 +226,7 @@ def try_model(make, steps: int, jit: bool = True) -> dict:
             warnings.simplefilter("ignore")
             wrapped = keras_als.wrap_model(plain)
         optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
-        row["keras_als"], not_finite = _skipped_training(wrapped, optimizer, data, jit)
+        row["keras_als"], not_finite = _skipped_training(wrapped, optimizer, data)
         row["weights_not_finite"] = {"keras": keras_not_finite, "keras_als": not_finite}
         row["scales"] = len(optimizer.layer_scales())
     except Exception as error:
