@@ -268,10 +268,13 @@ def amaxes(tensors: list) -> list[tf.Tensor]:
     compiler: a traced step takes one per weight gradient). Each reduces over
     its own shape: flattened first, they made a compiled step slower on a CPU
     (see `_apply_phases.group_and_unscale`). A float32 gradient that is a
-    float16 one widened (a float32 variable used in float16) is reduced in
-    float16, before the cast: the same value, and where XLA's CPU backend
-    keeps the reduction's input in a buffer of its own (a large reduction),
-    that buffer takes half the memory.
+    float16 one widened (a float32 variable used in float16) is reduced as it
+    is, in float32, though its float16 source has the same largest value:
+    the optimizer's update reads the float32 tensor anyway, and XLA's CPU
+    backend reduces it with its fast kernels, where reducing the float16
+    source first costs a kernel that writes it out and a slower reduction:
+    ResNet50V2's step (270 weight gradients) took 1.066x Keras's so, and
+    1.015x reducing in float32 (interleaved in one process, 3 instances each).
 
     Example:
 
@@ -281,7 +284,7 @@ def amaxes(tensors: list) -> list[tf.Tensor]:
     infinite = {}
     result = []
     for tensor in tensors:
-        values = _before_widening(values_of(tensor))
+        values = values_of(tensor)
         if values.shape.num_elements() == 0:  # a max of nothing is -inf
             result.append(tf.constant(0.0))
             continue
@@ -292,16 +295,6 @@ def amaxes(tensors: list) -> list[tf.Tensor]:
         magnitude = tf.where(tf.math.is_nan(magnitude), infinite[magnitude.dtype], magnitude)
         result.append(tf.cast(tf.reduce_max(magnitude), tf.float32))
     return result
-
-
-def _before_widening(values: tf.Tensor) -> tf.Tensor:
-    """The float16 tensor that `values` is cast from, in a traced graph, else
-    `values`. Widening is exact, so both have the same largest magnitude."""
-    if tf.executing_eagerly() or not hasattr(values, "op") or values.op.type != "Cast":
-        return values
-    source = values.op.inputs[0]
-    widened = source.dtype == tf.float16 and values.dtype in (tf.float32, tf.float64)
-    return source if widened else values
 
 
 def mean_square(tensor: tf.Tensor) -> tf.Tensor:
