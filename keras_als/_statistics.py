@@ -273,8 +273,9 @@ def amaxes(tensors: list) -> list[tf.Tensor]:
     the optimizer's update reads the float32 tensor anyway, and XLA's CPU
     backend reduces it with its fast kernels, where reducing the float16
     source first costs a kernel that writes it out and a slower reduction:
-    ResNet50V2's step (270 weight gradients) took 1.066x Keras's so, and
-    1.015x reducing in float32 (interleaved in one process, 3 instances each).
+    ResNet50V2's step (270 weight gradients) took 1.086x Keras's so, and
+    takes 1.030x (`python -m benchmarks.real_models --parts step --models
+    resnet50_v2`).
 
     Example:
 
