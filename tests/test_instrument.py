@@ -211,6 +211,58 @@ def test_weights_saved_from_the_plain_model_load_by_path_into_the_wrapped_one(tm
     assert fresh.get_layer("shared") is fresh.get_layer("inner").get_layer("shared")
 
 
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_a_layer_dtype_policy_set_before_or_after_wrapping_is_the_one_it_computes_in(order):
+    """Under mixed_float16, the head set to float32 before or after `wrap_model`
+    computes in float32 and keeps its scale; one traced step's unscaled
+    gradients, at scales from 2**8 to 2**14 that differ from layer to layer,
+    equal the plain model's (same policies, its loss scaled by 2**12) within
+    float16 rounding: 1e-3 of each variable's largest gradient."""
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model, x, y = models.transformer_block()
+        head = model.layers[-1]
+        if order == "before":
+            head.dtype_policy = "float32"
+        plain = models.copy_of(model)
+        plain.layers[-1].dtype_policy = "float32"
+        keras_als.wrap_model(model)
+        if order == "after":
+            head.dtype_policy = "float32"
+        assert head.compute_dtype == "float32" and model(x[:2]).dtype == "float32"
+        scales = {n: 2.0 ** (8 + 2 * (i % 4)) for i, n in enumerate(models.scale_names(model))}
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(
+            keras.optimizers.SGD(0.0),
+            policy=keras_als.policies.Fixed(default=2.0**10, scales=scales | {"loss": 2.0**10}),
+        )
+        model.compile(optimizer, "mse")
+        for _ in range(2):  # the policy sets its scales on the first steps (learning rate 0)
+            model.train_on_batch(x[:16], y[:16])
+        assert len(set(optimizer.layer_scales().values())) > 2, optimizer.layer_scales()
+        assert head.name in optimizer.layer_scales()
+
+        def gradients(m, scale, unscale):
+            @tf.function
+            def step():
+                with tf.GradientTape() as tape:
+                    error = tf.cast(m(x[:16], training=True), "float32") - y[:16]
+                    loss = scale(tf.reduce_mean(tf.square(error)))
+                return unscale(tape.gradient(loss, m.trainable_variables), m.trainable_variables)
+
+            return [np.asarray(tf.convert_to_tensor(g), "float32") for g in step()]
+
+        got = gradients(model, optimizer.scale_loss, optimizer.unscale)
+        want = gradients(
+            plain,
+            lambda loss: loss * 2.0**12,
+            lambda g, _: [tf.convert_to_tensor(t) / 2.0**12 for t in g],
+        )
+    finally:
+        keras.config.set_dtype_policy("float32")
+    for a, e in zip(got, want, strict=True):
+        assert np.max(np.abs(a - e)) <= 1e-3 * np.max(np.abs(e)), np.max(np.abs(a - e))
+
+
 def test_a_skipped_step_leaves_batch_norm_statistics_and_frozen_weights_as_they_were():
     inputs = keras.Input((4,))
     frozen = layers.Dense(4, name="frozen", trainable=False)
