@@ -8,9 +8,10 @@ import json
 
 import keras
 import numpy as np
+import tensorflow as tf
 from keras import layers
 
-from keras_als import _entries, policies
+from keras_als import _entries, _step_record, policies
 from keras_als._keras_private import own_weights
 
 
@@ -205,6 +206,12 @@ def scale_names(model):
     return _entries.names([owner.scale_path for owner, _ in owners])
 
 
+def boundary_owners(model, x) -> list[str]:
+    """The layer of every boundary a traced call of `model` on `x` places, by path."""
+    graph = tf.function(lambda x: model(x, training=True)).get_concrete_function(x).graph
+    return [b.owner.scale_path for b in _step_record.read(graph).boundaries]
+
+
 def per_layer_fixed(wrapped, default=2.0**5):
     """A `Fixed` policy whose scales, 2**20 .. 2**-1, differ from one scaled
     layer of `wrapped` to the next (the loss's 2**-3, any other `default`)."""
@@ -217,3 +224,45 @@ def per_layer_fixed(wrapped, default=2.0**5):
 
 def loss_for(model):
     return ["mse"] * len(model.outputs) if len(model.outputs) > 1 else "mse"
+
+
+def traced_gradients(model, loss_of, optimizer=None, scale=1.0, jit_compile=False) -> list:
+    """One traced step's gradients of `loss_of(model)` with respect to
+    `model.trainable_variables`, as float32 arrays (None where a variable gets
+    none).
+
+    With a keras_als `optimizer`, the loss is scaled by it and the gradients
+    unscaled by it; without, the loss is multiplied by `scale` and the
+    gradients divided by it (a plain model at one global scale: the
+    reference). `jit_compile=True` compiles the step with XLA.
+    """
+
+    @tf.function(jit_compile=jit_compile)
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_of(model)
+            loss = optimizer.scale_loss(loss) if optimizer is not None else loss * scale
+        grads = tape.gradient(loss, model.trainable_variables)
+        if optimizer is not None:
+            return optimizer.unscale(grads, model.trainable_variables)
+        return [None if g is None else tf.convert_to_tensor(g) / scale for g in grads]
+
+    return [None if g is None else np.asarray(tf.convert_to_tensor(g), "float32") for g in step()]
+
+
+def assert_gradients_match(actual, expected, variables, relative, of_largest=0.0) -> float:
+    """Asserts that each variable's gradient in `actual` is within `relative`
+    of its largest gradient in `expected`, plus `of_largest` of the largest
+    over all variables (for variables whose true gradient is zero, which hold
+    only rounding noise), and None exactly where `expected` is; returns the
+    worst error as a fraction of its bound."""
+    largest = max(np.max(np.abs(e)) for e in expected if e is not None)
+    worst = 0.0
+    for a, e, v in zip(actual, expected, variables, strict=True):
+        assert (a is None) == (e is None), v.path
+        if e is not None:
+            bound = relative * np.max(np.abs(e)) + of_largest * largest
+            error = np.max(np.abs(a - e))
+            assert error <= bound, (v.path, error, bound)
+            worst = max(worst, error / bound if bound > 0 else 0.0)
+    return worst

@@ -10,15 +10,8 @@ import tensorflow as tf
 from keras import layers
 
 import keras_als
-from keras_als import _step_record
 from keras_als.instrument import hook_of
 from tests import models
-
-
-def boundary_owners(model, x) -> list[str]:
-    """The layer of every boundary a traced call of `model` on `x` places, by path."""
-    graph = tf.function(lambda x: model(x, training=True)).get_concrete_function(x).graph
-    return [b.owner.scale_path for b in _step_record.read(graph).boundaries]
 
 
 def _describe(model):
@@ -60,35 +53,21 @@ def test_one_traced_step_gives_the_gradients_of_the_plain_model(shape):
         model.train_on_batch(x[:16], keras.tree.map_structure(lambda t: t[:16], y))
     assert len(set(optimizer.layer_scales().values())) > 2, optimizer.layer_scales()
 
-    def loss_of(m, scale):
+    def loss_of(m):
         outputs = keras.tree.flatten(m(x[:16], training=True))
         targets = keras.tree.flatten(y)
         errors = [tf.square(tf.cast(o, "float32") - t[:16]) for o, t in zip(outputs, targets)]
-        loss = tf.add_n([tf.reduce_mean(e) for e in errors])
-        return scale(loss)
+        return tf.add_n([tf.reduce_mean(e) for e in errors])
 
-    @tf.function
-    def scaled_step():
-        with tf.GradientTape() as tape:
-            loss = loss_of(model, optimizer.scale_loss)
-        grads = tape.gradient(loss, model.trainable_variables)
-        return optimizer.unscale(grads, model.trainable_variables)
-
-    @tf.function
-    def plain_step():
-        with tf.GradientTape() as tape:
-            loss = loss_of(plain, lambda loss: loss)
-        return tape.gradient(loss, plain.trainable_variables)
-
-    for a, e in zip(scaled_step(), plain_step(), strict=True):
-        a, e = np.asarray(tf.convert_to_tensor(a)), np.asarray(tf.convert_to_tensor(e))
+    expected = models.traced_gradients(plain, loss_of)
+    for a, e in zip(models.traced_gradients(model, loss_of, optimizer), expected, strict=True):
         assert np.max(np.abs(a - e)) <= 1e-6 * max(np.max(np.abs(e)), 1e-30)
 
 
 def test_boundaries_go_at_layers_with_weights_and_at_joins_only():
     model, x, _ = models.fan_out_concat()
     keras_als.wrap_model(model)
-    owners = boundary_owners(model, x[:2])
+    owners = models.boundary_owners(model, x[:2])
     with_weights = [layer.path for layer in model.layers if layer.weights]
     joins = [layer.path for layer in model.layers if isinstance(layer, layers.Concatenate)]
     assert sorted(set(owners)) == sorted(with_weights + joins)
@@ -99,7 +78,7 @@ def test_a_weightless_layer_on_one_tensor_gets_no_boundary():
     inputs = keras.Input((4,))
     hidden = layers.Activation("relu")(layers.Dense(4, name="dense")(inputs))
     model = keras_als.wrap_model(keras.Model(inputs, layers.Dropout(0.1)(hidden)))
-    assert boundary_owners(model, np.ones((2, 4), "float32")) == ["dense"]
+    assert models.boundary_owners(model, np.ones((2, 4), "float32")) == ["dense"]
 
 
 def test_layers_nested_in_custom_layers_get_scales_of_their_own():
@@ -107,7 +86,7 @@ def test_layers_nested_in_custom_layers_get_scales_of_their_own():
     (a layer without weights of its own) each get a boundary and a scale."""
     model, x, y = models.transformer_block()
     keras_als.wrap_model(model)
-    owners = {path.split("/")[-1] for path in boundary_owners(model, x[:2])}
+    owners = {path.split("/")[-1] for path in models.boundary_owners(model, x[:2])}
     assert {"query", "key", "value", "attention_output"} <= owners
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.01))
     model.compile(optimizer, "mse")
@@ -135,10 +114,10 @@ def test_scale_names_are_the_shortest_unique_path_suffixes():
 
 def test_wrapping_twice_is_wrapping_once_and_unwrap_model_removes_every_boundary():
     model, x, _ = models.residual_cnn()
-    once = boundary_owners(keras_als.wrap_model(model), x[:2])
-    assert boundary_owners(keras_als.wrap_model(model), x[:2]) == once
+    once = models.boundary_owners(keras_als.wrap_model(model), x[:2])
+    assert models.boundary_owners(keras_als.wrap_model(model), x[:2]) == once
     assert keras_als.unwrap_model(model) is model
-    assert boundary_owners(model, x[:2]) == []
+    assert models.boundary_owners(model, x[:2]) == []
     assert all(hook_of(layer) is None and "call" not in vars(layer) for layer in model.layers)
 
 
@@ -166,7 +145,7 @@ def test_layers_inside_an_adaptive_scaled_are_left_to_it():
     wrapped = keras_als.AdaptiveScaled(layers.Dense(2, name="inner"))
     model = keras_als.wrap_model(keras.Model(inputs, layers.Dense(1, name="head")(wrapped(inputs))))
     assert hook_of(wrapped.layer) is None and hook_of(wrapped) is None
-    assert sorted(boundary_owners(model, np.ones((2, 3), "float32"))) == ["head", "inner"]
+    assert sorted(models.boundary_owners(model, np.ones((2, 3), "float32"))) == ["head", "inner"]
 
 
 def test_a_layer_or_anything_else_gets_an_error_naming_what_to_wrap():
@@ -241,22 +220,12 @@ def test_a_layer_dtype_policy_set_before_or_after_wrapping_is_the_one_it_compute
         assert len(set(optimizer.layer_scales().values())) > 2, optimizer.layer_scales()
         assert head.name in optimizer.layer_scales()
 
-        def gradients(m, scale, unscale):
-            @tf.function
-            def step():
-                with tf.GradientTape() as tape:
-                    error = tf.cast(m(x[:16], training=True), "float32") - y[:16]
-                    loss = scale(tf.reduce_mean(tf.square(error)))
-                return unscale(tape.gradient(loss, m.trainable_variables), m.trainable_variables)
+        def loss_of(m):
+            error = tf.cast(m(x[:16], training=True), "float32") - y[:16]
+            return tf.reduce_mean(tf.square(error))
 
-            return [np.asarray(tf.convert_to_tensor(g), "float32") for g in step()]
-
-        got = gradients(model, optimizer.scale_loss, optimizer.unscale)
-        want = gradients(
-            plain,
-            lambda loss: loss * 2.0**12,
-            lambda g, _: [tf.convert_to_tensor(t) / 2.0**12 for t in g],
-        )
+        got = models.traced_gradients(model, loss_of, optimizer)
+        want = models.traced_gradients(plain, loss_of, scale=2.0**12)
     finally:
         keras.config.set_dtype_policy("float32")
     for a, e in zip(got, want, strict=True):

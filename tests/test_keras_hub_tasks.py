@@ -19,18 +19,9 @@ import keras_als
 from benchmarks import hub_tasks
 from benchmarks.harness.scaling import prebuild
 from keras_als import policies
-from tests import models
+from tests import models, tasks
 
 pytest.importorskip("keras_hub")
-
-SPARSE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-TASKS = {  # builder, data, loss (None: the task's own)
-    "retinanet": (hub_tasks.retinanet, lambda: hub_tasks.detection_data("train", 32), None),
-    "gpt2_causal_lm": (hub_tasks.gpt2_causal_lm, lambda: hub_tasks.text_batches(32), SPARSE),
-    "gemma_causal_lm": (hub_tasks.gemma_causal_lm, lambda: hub_tasks.text_batches(32), SPARSE),
-    "deeplab_v3": (hub_tasks.deeplab_v3, lambda: hub_tasks.segmentation_data(16), SPARSE),
-    "vit_classifier": (hub_tasks.vit_classifier, lambda: hub_tasks.classification_data(32), SPARSE),
-}
 
 TRAINED_WITH_XLA = {"retinanet"}
 """Tasks the mixed_float16 training test compiles with XLA. In a TensorFlow
@@ -39,23 +30,8 @@ times slower: RetinaNet's test took 185 s so, 67 s with XLA. DeepLabV3 does
 not compile with XLA under mixed_float16 (see its test below)."""
 
 
-def _build(name, policy="float32"):
-    keras.config.set_dtype_policy(policy)
-    keras.utils.set_random_seed(0)
-    return TASKS[name][0]()
-
-
-def _compile(model, name, optimizer, jit_compile=False):
-    loss = TASKS[name][2]
-    model.compile(
-        optimizer=optimizer,
-        jit_compile=jit_compile,
-        **({"loss": loss} if loss is not None else {}),
-    )
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TASKS))
+@pytest.mark.parametrize("name", sorted(tasks.TASKS))
 def test_a_task_keeps_its_class_config_and_paths_and_trains_under_mixed_float16(name):
     """Wrapped in place, the task is the same object with the same class, config,
     variable paths and weights; every layer with weights, nested ones included,
@@ -63,22 +39,23 @@ def test_a_task_keeps_its_class_config_and_paths_and_trains_under_mixed_float16(
     skipped than Keras's LossScaleOptimizer skips on the same task (both
     with XLA for the tasks of `TRAINED_WITH_XLA`, else in a TensorFlow graph)."""
     jit = name in TRAINED_WITH_XLA
-    model = _build(name, "mixed_float16")
+    model = tasks.build(name, "mixed_float16")
     before, weights = models.description(model), list(model.weights)
     assert keras_als.wrap_model(model) is model
     assert models.description(model) == before
     assert all(a is b for a, b in zip(model.weights, weights, strict=True))
 
-    x, y = TASKS[name][1]()
+    x, y = tasks.data(name)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    _compile(model, name, optimizer, jit)
+    tasks.compile_with(model, name, optimizer, jit)
     prebuild(model)  # one trace of the step instead of two (the other tests fit unbuilt)
     losses = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
     assert losses[-1] < losses[0], losses
     assert len(optimizer.layer_scales()) - 1 == len(models.scaled_layers(model))
 
-    keras_model = _build(name, "mixed_float16")
-    _compile(keras_model, name, keras.optimizers.Adam(1e-3), jit)  # Keras's LossScaleOptimizer
+    keras_model = tasks.build(name, "mixed_float16")
+    # Adam under mixed_float16: Keras wraps it in its LossScaleOptimizer.
+    tasks.compile_with(keras_model, name, keras.optimizers.Adam(1e-3), jit)
     prebuild(keras_model)  # one trace of the reference's step instead of two
     keras_model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
     keras_skipped = 2 * len(x if not isinstance(x, dict) else x["token_ids"]) // 8 - int(
@@ -91,23 +68,14 @@ def _gradients(model, optimizer, x, y):
     """One traced step's gradients through the task's own `compute_loss`
     (unscaled by `optimizer` where it is keras_als's)."""
 
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=None)
-            if optimizer is not None:
-                loss = optimizer.scale_loss(loss)
-        grads = tape.gradient(loss, model.trainable_variables)
-        if optimizer is not None:
-            grads = optimizer.unscale(grads, model.trainable_variables)
-        return grads
+    def loss_of(m):
+        return m.compute_loss(x=x, y=y, y_pred=m(x, training=True), sample_weight=None)
 
-    return [None if g is None else np.asarray(tf.convert_to_tensor(g)) for g in step()]
+    return models.traced_gradients(model, loss_of, optimizer)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TASKS))
+@pytest.mark.parametrize("name", sorted(tasks.TASKS))
 def test_a_task_keeps_the_exactness_contract_in_float32(name):
     """Float32: one step's unscaled gradients equal the plain task's within
     float32 rounding (per variable: 1e-5 of its largest gradient, plus 1e-6
@@ -115,31 +83,26 @@ def test_a_task_keeps_the_exactness_contract_in_float32(name):
     an attention key bias, and hold only rounding noise), with scales
     that differ from layer to layer; and three SGD steps with those scales and
     with every scale 1 give bit-identical weights."""
-    x, y = TASKS[name][1]()
+    x, y = tasks.data(name)
     x, y = keras.tree.map_structure(lambda a: a[:8], (x, y))
     tensors = tf.nest.map_structure(tf.constant, (x, y))
-    plain = _build(name)
-    _compile(plain, name, keras.optimizers.SGD(0.0))
+    plain = tasks.build(name)
+    tasks.compile_with(plain, name, keras.optimizers.SGD(0.0))
     expected = _gradients(plain, None, *tensors)
 
-    wrapped = keras_als.wrap_model(_build(name))
+    wrapped = keras_als.wrap_model(tasks.build(name))
     wrapped.set_weights(plain.get_weights())
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
         keras.optimizers.SGD(0.0), policy=models.per_layer_fixed(wrapped, default=1.0)
     )
-    _compile(wrapped, name, optimizer)
+    tasks.compile_with(wrapped, name, optimizer)
     prebuild(wrapped)  # one trace of the step instead of two
     # The policy sets its scales on the first steps (learning rate 0).
     wrapped.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
     assert len(set(optimizer.layer_scales().values())) > 2, optimizer.layer_scales()
-    largest = max(np.max(np.abs(g)) for g in expected if g is not None)
-    for actual, reference, v in zip(
-        _gradients(wrapped, optimizer, *tensors), expected, wrapped.trainable_variables, strict=True
-    ):
-        assert (actual is None) == (reference is None), v.path
-        if reference is not None:
-            error = np.max(np.abs(actual - reference))
-            assert error <= 1e-5 * np.max(np.abs(reference)) + 1e-6 * largest, v.path
+    actual = _gradients(wrapped, optimizer, *tensors)
+    variables = wrapped.trainable_variables
+    models.assert_gradients_match(actual, expected, variables, 1e-5, of_largest=1e-6)
 
     def trained(model, optimizer):
         # The plain task's weights: `wrapped`'s BatchNorm statistics moved at rate 0.
@@ -150,11 +113,11 @@ def test_a_task_keeps_the_exactness_contract_in_float32(name):
 
     # The instrumented task trains on with its scales (its traced step again),
     # a second one with every scale 1.
-    ones = keras_als.wrap_model(_build(name))
+    ones = keras_als.wrap_model(tasks.build(name))
     one = keras_als.AdaptiveLossScaleOptimizer(
         keras.optimizers.SGD(0.0), policy=policies.Fixed(default=1.0)
     )
-    _compile(ones, name, one)
+    tasks.compile_with(ones, name, one)
     prebuild(ones)
     for a, b in zip(trained(wrapped, optimizer), trained(ones, one), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -168,10 +131,12 @@ def test_retinanet_evaluates_with_its_loss_and_decodes_boxes_as_the_plain_detect
     plain detector too (a TypeError in a Mul of float32 and float16), and the
     wrapped one fails the same way (a limitation of KerasHub, not keras_als)."""
     x, y = hub_tasks.detection_data("train", 16)
-    plain = _build("retinanet")
-    wrapped = keras_als.wrap_model(_build("retinanet"))
+    plain = tasks.build("retinanet")
+    wrapped = keras_als.wrap_model(tasks.build("retinanet"))
     wrapped.set_weights(plain.get_weights())
-    _compile(wrapped, "retinanet", keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.0)))
+    tasks.compile_with(
+        wrapped, "retinanet", keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(0.0))
+    )
     results = wrapped.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
     assert {"loss", "cls_logits_loss", "bbox_regression_loss"} <= set(results)
     assert all(np.isfinite(v) for v in results.values())
@@ -180,8 +145,8 @@ def test_retinanet_evaluates_with_its_loss_and_decodes_boxes_as_the_plain_detect
     for key in expected:
         np.testing.assert_array_equal(decoded[key], expected[key], err_msg=key)
 
-    for model in (_build("retinanet", "mixed_float16"), None):
-        model = model or keras_als.wrap_model(_build("retinanet", "mixed_float16"))
+    for model in (tasks.build("retinanet", "mixed_float16"), None):
+        model = model or keras_als.wrap_model(tasks.build("retinanet", "mixed_float16"))
         with pytest.raises(TypeError, match="float32.*float16|float16.*float32"):
             model.predict(x[:2], verbose=0)
 
@@ -195,13 +160,13 @@ def test_deeplab_v3_under_mixed_float16_does_not_compile_with_xla_plain_or_instr
     one alike. If TensorFlow fixes it, this fails: update the guide."""
     x, y = hub_tasks.segmentation_data(8)
     for model, optimizer in (
-        (_build("deeplab_v3", "mixed_float16"), keras.optimizers.Adam(1e-3)),
+        (tasks.build("deeplab_v3", "mixed_float16"), keras.optimizers.Adam(1e-3)),
         (
-            keras_als.wrap_model(_build("deeplab_v3", "mixed_float16")),
+            keras_als.wrap_model(tasks.build("deeplab_v3", "mixed_float16")),
             keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3)),
         ),
     ):
-        _compile(model, "deeplab_v3", optimizer, jit_compile=True)
+        tasks.compile_with(model, "deeplab_v3", optimizer, jit_compile=True)
         with pytest.raises(tf.errors.InternalError, match="different precisions"):
             model.train_on_batch(x, y)
 
@@ -209,11 +174,13 @@ def test_deeplab_v3_under_mixed_float16_does_not_compile_with_xla_plain_or_instr
 @pytest.mark.slow
 def test_a_causal_lm_trains_then_generates_as_the_plain_one_with_its_weights():
     x, y = hub_tasks.text_batches(32)
-    model = keras_als.wrap_model(_build("gpt2_causal_lm", "mixed_float16"))
-    _compile(model, "gpt2_causal_lm", keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam()))
+    model = keras_als.wrap_model(tasks.build("gpt2_causal_lm", "mixed_float16"))
+    tasks.compile_with(
+        model, "gpt2_causal_lm", keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam())
+    )
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     model.compile(sampler="greedy")  # KerasHub's default samples at random
-    plain = _build("gpt2_causal_lm", "mixed_float16")
+    plain = tasks.build("gpt2_causal_lm", "mixed_float16")
     plain.compile(sampler="greedy")
     plain.set_weights(model.get_weights())
     prompt = {"token_ids": x["token_ids"][:2], "padding_mask": np.arange(32)[None] < [[5], [9]]}
@@ -229,7 +196,7 @@ def test_lora_fine_tuning_trains_only_the_lora_weights_in_either_order(order):
     """Gemma with `backbone.enable_lora(4)` before or after wrapping: the
     frozen weights do not move and get no optimizer slot; the LoRA weights
     train, each projection with a scale of its own."""
-    model = _build("gemma_causal_lm", "mixed_float16")
+    model = tasks.build("gemma_causal_lm", "mixed_float16")
     if order == "lora_then_wrap":
         model.backbone.enable_lora(4)
         keras_als.wrap_model(model)
@@ -240,7 +207,7 @@ def test_lora_fine_tuning_trains_only_the_lora_weights_in_either_order(order):
     lora = {w.path: np.array(w) for w in model.trainable_weights if "lora" in w.path}
     assert lora and all("lora" in w.path for w in model.trainable_weights)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    _compile(model, "gemma_causal_lm", optimizer)
+    tasks.compile_with(model, "gemma_causal_lm", optimizer)
     x, y = hub_tasks.text_batches(32)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     for w in model.weights:
@@ -291,9 +258,9 @@ def test_a_keras_file_holds_the_task_itself_and_a_checkpoint_resumes_its_scales(
     original's weights, bit for bit."""
     x, y = hub_tasks.text_batches(16)
     first = {k: v[:8] for k, v in x.items()}, y[:8]
-    model = keras_als.wrap_model(_build("gpt2_causal_lm", "mixed_float16"))
+    model = keras_als.wrap_model(tasks.build("gpt2_causal_lm", "mixed_float16"))
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    _compile(model, "gpt2_causal_lm", optimizer)
+    tasks.compile_with(model, "gpt2_causal_lm", optimizer)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     model.save(tmp_path / "lm.keras")
     loaded = keras.saving.load_model(tmp_path / "lm.keras")
@@ -303,9 +270,9 @@ def test_a_keras_file_holds_the_task_itself_and_a_checkpoint_resumes_its_scales(
         np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=a.path)
 
     path = tf.train.Checkpoint(model=model, optimizer=optimizer).write(str(tmp_path / "ckpt"))
-    fresh = keras_als.wrap_model(_build("gpt2_causal_lm", "mixed_float16"))
+    fresh = keras_als.wrap_model(tasks.build("gpt2_causal_lm", "mixed_float16"))
     restored = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    _compile(fresh, "gpt2_causal_lm", restored)
+    tasks.compile_with(fresh, "gpt2_causal_lm", restored)
     restored.build(fresh.trainable_variables)
     tf.train.Checkpoint(model=fresh, optimizer=restored).read(path).assert_consumed()
     assert restored.layer_scales() == optimizer.layer_scales()

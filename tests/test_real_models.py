@@ -204,32 +204,11 @@ def test_one_step_unscaled_gradients_match_the_plain_model_within_float32_roundi
             keras.losses.sparse_categorical_crossentropy(y, m(x, training=False), from_logits=True)
         )
 
-    @tf.function(jit_compile=JIT[name])
-    def gradients():
-        with tf.GradientTape() as tape:
-            scaled = optimizer.scale_loss(loss_of(model))
-        grads = tape.gradient(scaled, model.trainable_variables)
-        return optimizer.unscale(grads, model.trainable_variables)
-
-    @tf.function(jit_compile=JIT[name])
-    def plain_gradients():
-        with tf.GradientTape() as tape:
-            loss = loss_of(plain)
-        return tape.gradient(loss, plain.trainable_variables)
-
-    expected = _arrays(plain_gradients())
-    largest = max(np.max(np.abs(e)) for e in expected)
-    worst = 0.0
-    for actual, e, v in zip(_arrays(gradients()), expected, model.trainable_variables, strict=True):
-        bound = 1e-5 * np.max(np.abs(e)) + 1e-6 * largest
-        error = np.max(np.abs(actual - e))
-        assert error <= bound, (v.path, error, bound)
-        worst = max(worst, error / bound)
+    expected = models.traced_gradients(plain, loss_of, jit_compile=JIT[name])
+    actual = models.traced_gradients(model, loss_of, optimizer, jit_compile=JIT[name])
+    variables = model.trainable_variables
+    worst = models.assert_gradients_match(actual, expected, variables, 1e-5, of_largest=1e-6)
     print(f"{name}: worst error / bound, keras_als vs plain: {worst:.2e}")
-
-
-def _arrays(grads):
-    return [keras.ops.convert_to_numpy(tf.convert_to_tensor(g)).astype(np.float64) for g in grads]
 
 
 @pytest.mark.slow

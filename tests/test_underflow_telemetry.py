@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import keras_als
+from tests import models
 
 ANCHORS, FEATURES, CLASSES = 32, 8, 4
 
@@ -81,17 +82,10 @@ CASES = {
 
 
 def _gradients(model, loss_fn, x, y, optimizer=None):
-    @tf.function(jit_compile=True)
-    def run():
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-            scaled = loss if optimizer is None else optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        if optimizer is None:
-            return grads
-        return optimizer.unscale(grads, model.trainable_variables)
+    def loss_of(m):
+        return loss_fn(y, m(x, training=True))
 
-    return [keras.ops.convert_to_numpy(g) for g in run()]
+    return models.traced_gradients(model, loss_of, optimizer, jit_compile=True)
 
 
 def _measure(case, policy="max_safe"):

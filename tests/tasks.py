@@ -1,0 +1,67 @@
+"""Models as their users hold them, built tiny from their constructors (no
+download): KerasHub tasks (`TASKS`) and keras.applications classifiers with
+their own top (`APPLICATIONS`), each with the data it trains on and its loss.
+"""
+
+import keras
+
+from benchmarks import hub_tasks
+
+SPARSE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+TASKS = {  # builder, data, loss (None: the task's own)
+    "retinanet": (hub_tasks.retinanet, lambda: hub_tasks.detection_data("train", 32), None),
+    "gpt2_causal_lm": (hub_tasks.gpt2_causal_lm, lambda: hub_tasks.text_batches(32), SPARSE),
+    "gemma_causal_lm": (hub_tasks.gemma_causal_lm, lambda: hub_tasks.text_batches(32), SPARSE),
+    "deeplab_v3": (hub_tasks.deeplab_v3, lambda: hub_tasks.segmentation_data(16), SPARSE),
+    "vit_classifier": (hub_tasks.vit_classifier, lambda: hub_tasks.classification_data(32), SPARSE),
+}
+
+
+def _application(name: str, **options):
+    """keras.applications model `name` with its top: 10 classes (logits) on the
+    48x48 canvases of `hub_tasks.classification_data`."""
+
+    def build():
+        return getattr(keras.applications, name)(
+            weights=None,
+            input_shape=(hub_tasks.IMAGE, hub_tasks.IMAGE, 3),
+            classes=10,
+            classifier_activation=None,
+            **options,
+        )
+
+    return build
+
+
+APPLICATIONS = {
+    "mobilenet_v2": (
+        _application("MobileNetV2", alpha=0.35),
+        lambda: hub_tasks.classification_data(32),
+        SPARSE,
+    ),
+    "densenet121": (_application("DenseNet121"), lambda: hub_tasks.classification_data(32), SPARSE),
+}
+MODELS = TASKS | APPLICATIONS
+
+
+def build(name: str, policy: str = "float32", seed: int = 0) -> keras.Model:
+    """Model `name` of `MODELS`, built under the global dtype policy `policy`
+    (left set) and random seed `seed`."""
+    keras.config.set_dtype_policy(policy)
+    keras.utils.set_random_seed(seed)
+    return MODELS[name][0]()
+
+
+def data(name: str):
+    """`(x, y)`: the data model `name` trains on."""
+    return MODELS[name][1]()
+
+
+def compile_with(model: keras.Model, name: str, optimizer, jit_compile: bool = False) -> None:
+    """Compiles `model` (model `name`) with `optimizer` and its loss (a task's own where None)."""
+    loss = MODELS[name][2]
+    model.compile(
+        optimizer=optimizer,
+        jit_compile=jit_compile,
+        **({"loss": loss} if loss is not None else {}),
+    )
