@@ -77,10 +77,14 @@ HEADS = {"mobilenet_v2": "predictions", "vit_classifier": "predictions"}
 """The classifier head of each model tried: the layer Keras's mixed precision
 guide has users compute in float32."""
 
+# MobileNetV2's float16 convolutions in a TensorFlow graph make each of its
+# cases take 40 s on 2 cores: it runs the order that changes a policy under
+# the boundaries already placed; ViT runs both.
+ORDERS = [("mobilenet_v2", "after"), ("vit_classifier", "before"), ("vit_classifier", "after")]
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("order", ["before", "after"])
-@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize(("name", "order"), ORDERS)
 def test_a_head_set_to_float32_before_or_after_wrapping_keeps_the_plain_gradients(name, order):
     """Under mixed_float16, the head's `dtype_policy` set to float32 before or
     after `wrap_model`: the head computes in float32 and keeps its scale; one
