@@ -222,6 +222,17 @@ def per_layer_fixed(wrapped, default=2.0**5):
     )
 
 
+def per_layer_fixed_in_float16(wrapped):
+    """A `Fixed` policy whose scales, 2**8 .. 2**14, differ from one scaled
+    layer of `wrapped` to the next (the loss's and any other 2**10): within
+    float16's range, for gradients computed in float16."""
+    return policies.Fixed(
+        default=2.0**10,
+        scales={n: 2.0 ** (8 + 2 * (i % 4)) for i, n in enumerate(scale_names(wrapped))}
+        | {"loss": 2.0**10},
+    )
+
+
 def loss_for(model):
     return ["mse"] * len(model.outputs) if len(model.outputs) > 1 else "mse"
 

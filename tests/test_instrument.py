@@ -209,10 +209,8 @@ def test_a_layer_dtype_policy_set_before_or_after_wrapping_is_the_one_it_compute
         if order == "after":
             head.dtype_policy = "float32"
         assert head.compute_dtype == "float32" and model(x[:2]).dtype == "float32"
-        scales = {n: 2.0 ** (8 + 2 * (i % 4)) for i, n in enumerate(models.scale_names(model))}
         optimizer = keras_als.AdaptiveLossScaleOptimizer(
-            keras.optimizers.SGD(0.0),
-            policy=keras_als.policies.Fixed(default=2.0**10, scales=scales | {"loss": 2.0**10}),
+            keras.optimizers.SGD(0.0), policy=models.per_layer_fixed_in_float16(model)
         )
         model.compile(optimizer, "mse")
         for _ in range(2):  # the policy sets its scales on the first steps (learning rate 0)
