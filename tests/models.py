@@ -185,13 +185,17 @@ def all_layers(model):
             yield from all_layers(layer)
 
 
-def description(model):
-    """What `wrap_model` must leave as it was: class, config and variable paths."""
-    return (
-        type(model),
-        json.dumps(model.get_config(), sort_keys=True, default=str),
-        [w.path for w in model.weights],
-    )
+def description(model) -> dict:
+    """What `wrap_model` must leave as it was: class, config, variable paths
+    and `model.summary()`."""
+    lines = []
+    model.summary(print_fn=lambda line, **_: lines.append(line))
+    return {
+        "class": type(model),
+        "config": json.dumps(model.get_config(), sort_keys=True, default=str),
+        "paths": [w.path for w in model.weights],
+        "summary": "\n".join(lines),
+    }
 
 
 def scaled_layers(model):

@@ -4,7 +4,8 @@ KerasHub tasks and keras.applications classifiers with their own top, built
 tiny from their constructors (`tests/tasks.py`; no download):
 
 - weights saved from the plain model load by path into the instrumented one;
-- `unwrap_model` removes every boundary: a traced call is the plain model's;
+- wrapping twice is wrapping once, and `unwrap_model` removes every boundary:
+  a traced call is the plain model's;
 - a layer's `dtype_policy`, set before or after `wrap_model`, is the one it
   computes in, and one step's unscaled gradients stay the plain model's.
 """
@@ -44,7 +45,8 @@ def test_plain_weights_load_by_path_and_unwrap_model_gives_back_the_plain_progra
     """The plain model's weights, saved to a `.weights.h5` file, load into the
     instrumented model built under another seed: every weight, in order,
     equals the plain model's of the same path, and traced outputs equal the
-    plain model's within float32 rounding (1e-6). `unwrap_model` then removes
+    plain model's within float32 rounding (1e-6); wrapped a second time, its
+    traced call has the same ops as after the first. `unwrap_model` then removes
     every boundary: no layer at any depth keeps its hook, and a traced call
     has the plain model's ops, type for type, and its outputs, bit for bit."""
     x, _ = _batch(name)
@@ -64,6 +66,8 @@ def test_plain_weights_load_by_path_and_unwrap_model_gives_back_the_plain_progra
     for a, e in zip(outputs, expected, strict=True):
         np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-6)
     assert ops != plain_ops  # the boundaries are in the instrumented call
+    assert keras_als.wrap_model(model) is model
+    assert _traced_call(model, x)[1] == ops  # wrapping twice is wrapping once
 
     assert keras_als.unwrap_model(model) is model
     assert all(hook_of(layer) is None for layer in model._flatten_layers())

@@ -1,8 +1,6 @@
 """wrap_model instruments the user's own model in place: same object, same
 function, boundaries where each layer with weights and each join needs one."""
 
-import json
-
 import keras
 import numpy as np
 import pytest
@@ -15,15 +13,8 @@ from tests import models
 
 
 def _describe(model):
-    lines = []
-    model.summary(print_fn=lambda line, **_: lines.append(line))
-    return {
-        "class": type(model),
-        "config": json.dumps(model.get_config(), sort_keys=True, default=str),
-        "paths": [w.path for w in model.weights],
-        "summary": "\n".join(lines),
-        "layers": [(type(layer), layer.name) for layer in models.all_layers(model)],
-    }
+    nested = [(type(layer), layer.name) for layer in models.all_layers(model)]
+    return models.description(model) | {"layers": nested}
 
 
 @pytest.mark.parametrize("shape", sorted(models.ALL_SHAPES))
