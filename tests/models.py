@@ -281,3 +281,36 @@ def assert_gradients_match(actual, expected, variables, relative, of_largest=0.0
             assert error <= bound, (v.path, error, bound)
             worst = max(worst, error / bound if bound > 0 else 0.0)
     return worst
+
+
+def assert_as_near_float32_as_plain(actual, plain, reference, variables, slack=0.1) -> float:
+    """Asserts that each variable's float16 gradient in `actual` (keras_als's)
+    is as near the float32 `reference` (the same weights and batch computed in
+    float32) as the plain float16 model's gradient in `plain`, in the 2-norm:
+
+        ||actual - reference|| <= (1 + slack) * ||plain - reference||
+                                  + 2**-11 * ||reference|| + 2**-11 * largest
+
+    `largest` is the largest 2-norm of a reference gradient (for variables
+    whose true gradient is zero, which hold only rounding noise). A float16
+    gradient is not a reference: how far float16 rounding moves a deep net's
+    gradients from float32's depends on the CPU's kernels, and in a net with
+    BatchNorm in training mode it can be tens of percent, so keras_als and the
+    plain model may round apart by more than float16's precision. What does not
+    depend on the CPU is that keras_als, whose scales are at least the plain
+    model's, loses no more than it (`slack` for the rounding the two do not
+    share), while a gradient unscaled by a wrong power of two is off by at
+    least half its size. Returns the worst error as a fraction of its bound.
+    """
+    largest = max(np.linalg.norm(r) for r in reference if r is not None)
+    unit = 2.0**-11
+    worst = 0.0
+    for a, p, r, v in zip(actual, plain, reference, variables, strict=True):
+        assert (a is None) == (r is None) == (p is None), v.path
+        if r is not None:
+            norm = np.linalg.norm(r)
+            bound = (1 + slack) * np.linalg.norm(p - r) + unit * norm + unit * largest
+            error = np.linalg.norm(a - r)
+            assert error <= bound, (v.path, error, bound, norm)
+            worst = max(worst, error / bound)
+    return worst

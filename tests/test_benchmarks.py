@@ -411,7 +411,8 @@ def test_the_step_time_breakdown_times_the_ablation_beside_keras_als_on_a_small_
         "als_no_crossing_reductions",
         "als_crossings_never_wait",
     ]
-    assert all(t.layers == 4 and 0.2 < t.ratio < 5.0 for t in timings), timings
+    # Structure only: what the ratios are is the benchmark's to say, not a test's.
+    assert all(t.layers == 4 and math.isfinite(t.ratio) and t.ratio > 0 for t in timings), timings
 
 
 def test_the_compile_breakdown_gives_medians_and_ratios_paired_by_round_in_shuffled_orders(

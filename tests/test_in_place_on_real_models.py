@@ -93,17 +93,22 @@ def test_a_head_set_to_float32_before_or_after_wrapping_keeps_the_plain_gradient
     """Under mixed_float16, the head's `dtype_policy` set to float32 before or
     after `wrap_model`: the head computes in float32 and keeps its scale; one
     traced step's unscaled gradients, at scales from 2**8 to 2**14 that differ
-    from layer to layer, equal the plain model's (its head float32 too, its
-    loss scaled by 2**8: at 2**12 the first convolutions' float16 gradients
-    in MobileNetV2 overflow) within float16 rounding: 2e-3 (four roundings
-    of 2**-11) of each variable's largest gradient, plus 2e-5 of the model's
-    largest for variables whose true gradient is zero, such as ViT's attention
-    key biases, and hold only rounding noise."""
+    from layer to layer, are as near the float32 model's (same weights and
+    batch) as the plain float16 model's (its head float32 too, its loss scaled
+    by 2**8: at 2**12 the first convolutions' float16 gradients in MobileNetV2
+    overflow), within 10% of the plain model's error plus float16's precision
+    (`models.assert_as_near_float32_as_plain`). The plain float16 gradients are
+    no reference: in MobileNetV2 (BatchNorm in training mode) they lie 40-60%
+    from float32's, so rounding that differs from one CPU's kernels to
+    another's moves keras_als's and theirs apart by more than float16's
+    precision."""
     x, y = _batch(name)
     model = tasks.build(name, "mixed_float16")
     plain = tasks.build(name, "mixed_float16")
     plain.set_weights(model.get_weights())
     plain.get_layer(HEAD).dtype_policy = "float32"
+    reference = tasks.build(name, "float32")
+    reference.set_weights(model.get_weights())
     head = model.get_layer(HEAD)
     if order == "before":
         head.dtype_policy = "float32"
@@ -128,6 +133,7 @@ def test_a_head_set_to_float32_before_or_after_wrapping_keeps_the_plain_gradient
 
     got = models.traced_gradients(model, loss_of, optimizer)
     want = models.traced_gradients(plain, loss_of, scale=2.0**8)
+    exact = models.traced_gradients(reference, loss_of)
     variables = model.trainable_variables
-    worst = models.assert_gradients_match(got, want, variables, 2e-3, of_largest=2e-5)
-    print(f"{name}, {order}: worst error / bound, keras_als vs plain: {worst:.2e}")
+    worst = models.assert_as_near_float32_as_plain(got, want, exact, variables)
+    print(f"{name}, {order}: worst error / bound, keras_als vs float32: {worst:.2e}")

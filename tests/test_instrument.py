@@ -186,8 +186,10 @@ def test_a_layer_dtype_policy_set_before_or_after_wrapping_is_the_one_it_compute
     """Under mixed_float16, the head set to float32 before or after `wrap_model`
     computes in float32 and keeps its scale; one traced step's unscaled
     gradients, at scales from 2**8 to 2**14 that differ from layer to layer,
-    equal the plain model's (same policies, its loss scaled by 2**12) within
-    float16 rounding: 1e-3 of each variable's largest gradient."""
+    are as near the float32 model's as the plain model's (same policies, its
+    loss scaled by 2**12), within 10% of its error plus float16's precision
+    (`models.assert_as_near_float32_as_plain`: a float16 gradient is no
+    reference, its rounding depends on the CPU)."""
     keras.config.set_dtype_policy("mixed_float16")
     try:
         model, x, y = models.transformer_block()
@@ -217,8 +219,11 @@ def test_a_layer_dtype_policy_set_before_or_after_wrapping_is_the_one_it_compute
         want = models.traced_gradients(plain, loss_of, scale=2.0**12)
     finally:
         keras.config.set_dtype_policy("float32")
-    for a, e in zip(got, want, strict=True):
-        assert np.max(np.abs(a - e)) <= 1e-3 * np.max(np.abs(e)), np.max(np.abs(a - e))
+    reference = models.copy_of(plain)
+    for layer in reference._flatten_layers(include_self=False):
+        layer.dtype_policy = "float32"
+    exact = models.traced_gradients(reference, loss_of)
+    models.assert_as_near_float32_as_plain(got, want, exact, model.trainable_variables)
 
 
 def test_a_skipped_step_leaves_batch_norm_statistics_and_frozen_weights_as_they_were():
