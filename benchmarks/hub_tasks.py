@@ -2,7 +2,8 @@
 
 The tasks users hold: an object detector (`RetinaNetObjectDetector`), causal
 language models (`GPT2CausalLM`, `GemmaCausalLM`), a segmenter
-(`DeepLabV3ImageSegmenter`) and an image classifier (`ViTImageClassifier`),
+(`DeepLabV3ImageSegmenter`), an image classifier (`ViTImageClassifier`) and an
+encoder-decoder (`T5Seq2SeqLM`),
 each at a size a CPU trains in seconds. The data is real and offline: digits
 pasted into canvases (`benchmarks.detection.canvases`, from scikit-learn's digits) for
 the image tasks, and the docstrings of Python's standard library, as bytes,
@@ -131,6 +132,40 @@ def gemma_causal_lm() -> keras.Model:
         dropout=0.0,
     )
     return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+
+
+def t5_seq2seq_lm() -> keras.Model:
+    """A one-block T5 encoder-decoder over bytes. Under mixed_float16 its
+    attention's padding mask, `(1 - mask) * -1e9`, is -inf in float16 and
+    0 * -inf is NaN: its output is not finite from the first step."""
+    import keras_hub
+
+    backbone = keras_hub.models.T5Backbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        key_value_dim=8,
+        dropout=0.0,
+    )
+    return keras_hub.models.T5Seq2SeqLM(backbone=backbone, preprocessor=None)
+
+
+def seq2seq_batches(count: int, seed: int = 0):
+    """`(x, y)` for `t5_seq2seq_lm`: byte windows of the standard library's
+    docstrings, padded at the end (the encoder and decoder read the same
+    window; `y` is it shifted by one token)."""
+    x, y = text_batches(count, seed)
+    rng = np.random.default_rng(seed)
+    keep = np.arange(SEQUENCE)[None] < rng.integers(SEQUENCE // 2, SEQUENCE + 1, (count, 1))
+    inputs = {
+        "encoder_token_ids": x["token_ids"],
+        "encoder_padding_mask": keep,
+        "decoder_token_ids": x["token_ids"],
+        "decoder_padding_mask": keep,
+    }
+    return inputs, y
 
 
 def deeplab_v3(num_classes: int = 11) -> keras.Model:

@@ -1,6 +1,6 @@
 """keras_als: adaptive (layer-wise) loss scaling for float16 training in Keras 3.
 
-Four parts:
+Five parts:
 
 - `wrap_model` instruments the user's own model in place: a scale boundary
   at the inputs of every layer with trainable weights, at any depth, and of
@@ -12,6 +12,9 @@ Four parts:
 - `policies` choose the next scales from the last step's gradient statistics.
 - `ScaleMonitor` (a Keras callback) and `plot_scales` show the per-layer
   scales, estimated underflow and overflows in logs, TensorBoard and a figure.
+- `diagnose` names the layers no float16 scale can hold (their gradients
+  span more than float16's range, or their float16 output is not finite),
+  measured on one batch; its `Diagnosis.apply` computes them in float32.
 
 Example:
 
@@ -32,6 +35,7 @@ if _keras.config.backend() != "tensorflow":
     )
 
 from keras_als import _version, policies  # noqa: E402
+from keras_als.diagnosis import Diagnosis, diagnose  # noqa: E402
 from keras_als.instrument import unwrap_model, wrap_model  # noqa: E402
 from keras_als.monitor import ScaleMonitor  # noqa: E402
 from keras_als.optimizer import AdaptiveLossScaleOptimizer  # noqa: E402
@@ -41,7 +45,9 @@ from keras_als.wrapper import AdaptiveScaled  # noqa: E402
 __all__ = [
     "AdaptiveLossScaleOptimizer",
     "AdaptiveScaled",
+    "Diagnosis",
     "ScaleMonitor",
+    "diagnose",
     "plot_scales",
     "policies",
     "unwrap_model",

@@ -9,6 +9,7 @@ fix), and what goes wrong in training is said once, as a `UserWarning`:
   error where `scale_loss` ran in another traced function);
 - `warn_no_boundaries`: a model never given to `keras_als.wrap_model`, whose
   layers all share the loss's one scale;
+- `warn_bfloat16`: the global policy is mixed_bfloat16, which needs no loss scale;
 - `warn_stuck`: the stuck rule of the telemetry fired (skips in a row, or
   too many recent ones), said at the end of `fit` too, monitor or not.
 """
@@ -76,6 +77,19 @@ def warn_no_boundaries(optimizer) -> None:
         "keras_als.wrap_model(model).",
         stacklevel=4,
     )
+
+
+def warn_bfloat16(optimizer) -> None:
+    """Warns (once) that the global policy is mixed_bfloat16, which needs no loss scale."""
+    if keras.config.dtype_policy().name == "mixed_bfloat16":
+        warn_once(
+            optimizer,
+            "bfloat16",
+            "keras_als: the dtype policy is mixed_bfloat16, whose range is float32's: no "
+            "loss scaling is needed. Pass the inner optimizer to compile as it is, without "
+            "AdaptiveLossScaleOptimizer (keras_als is for mixed_float16).",
+            stacklevel=4,
+        )
 
 
 def warn_stuck(optimizer, message: str | None, stacklevel: int = 3) -> None:

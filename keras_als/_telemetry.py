@@ -58,8 +58,20 @@ def read(optimizer) -> dict:
         "skipped_in_a_row": in_a_row,
         "steps": steps,
     }
+    telemetry["beyond_float16"] = beyond_float16(telemetry)
     telemetry["warning"] = stuck(telemetry, optimizer.warn_after_skipped_steps)
     return telemetry
+
+
+def beyond_float16(telemetry: dict) -> list[str]:
+    """The layers whose overflows started at a scale below 1: their true
+    gradients exceed float16's largest value (65504), so no loss scale holds
+    them without flushing their small ones; float32 for the layer does."""
+    return [
+        name
+        for name, scale in telemetry["scale"].items()
+        if name != "loss" and scale < 1.0 and telemetry["overflows"].get(name, 0) > 0
+    ]
 
 
 def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
@@ -86,8 +98,17 @@ def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
     )
     where = f"; overflows started in: {', '.join(recent[:8])}" if recent else ""
     at_floor = f"; scales at their floor (2**-24): {', '.join(floor[:8])}" if floor else ""
+    beyond = telemetry.get("beyond_float16") or []
+    fix = (
+        f" Gradients beyond float16's range (they overflowed at scales below 1) in: "
+        f"{', '.join(beyond[:8])}. No loss scale holds them: compute those layers in float32 "
+        '(layer.dtype_policy = "float32"); keras_als.diagnose(model, x, y) measures which '
+        "layers need it on a batch, and its apply(model) sets them."
+        if beyond
+        else ""
+    )
     return (
-        f"keras_als: loss scaling looks stuck: {what}{where}{at_floor}. Skipped steps "
+        f"keras_als: loss scaling looks stuck: {what}{where}{at_floor}.{fix} Skipped steps "
         "change no weight. The usual causes: NaN or Inf in the input data or labels, a "
         "loss that is already not finite in float32, or a learning rate that makes "
         "training diverge. Check the data (tf.debugging.check_numerics), train a few "

@@ -125,6 +125,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     @no_automatic_dependency_tracking
     def build(self, var_list):
+        _mistakes.warn_bfloat16(self)
         _scale_state.declare(self, len(var_list))
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)

@@ -60,10 +60,18 @@ class Split:
     targets: np.ndarray
 
 
-def make_split(digits: np.ndarray, digit_labels: np.ndarray, count: int, seed: int) -> Split:
+def make_split(
+    digits: np.ndarray,
+    digit_labels: np.ndarray,
+    count: int,
+    seed: int,
+    noise: float = 0.1,
+    digits_per_canvas: tuple[int, int] = DIGITS_PER_CANVAS,
+) -> Split:
     """`count` canvases pasting `digits` (`(n, 8, 8)` in [0, 1]) with a fixed seed.
 
-    Each canvas: uniform noise in [0, 0.1], then 1-3 digits, each resized to a
+    Each canvas: uniform noise in [0, `noise`] (0: a background exactly 0), then
+    `digits_per_canvas` (inclusive, 1-3 by default) digits, each resized to a
     width and height drawn from `DIGIT_SIZES`, at a random place whose paste
     rectangle overlaps no earlier one by more than IoU 0.1 (up to 20 tries, else
     the digit is left out), blended by maximum.
@@ -73,9 +81,9 @@ def make_split(digits: np.ndarray, digit_labels: np.ndarray, count: int, seed: i
     all_boxes, all_labels = [], []
     lo, hi = DIGIT_SIZES
     for n in range(count):
-        canvas = rng.uniform(0.0, 0.1, size=(CANVAS, CANVAS))
+        canvas = rng.uniform(0.0, noise, size=(CANVAS, CANVAS))
         pasted, boxes, labels = [], [], []
-        for _ in range(rng.integers(DIGITS_PER_CANVAS[0], DIGITS_PER_CANVAS[1] + 1)):
+        for _ in range(rng.integers(digits_per_canvas[0], digits_per_canvas[1] + 1)):
             k = rng.integers(len(digits))
             h, w = rng.integers(lo, hi + 1, size=2)
             for _ in range(20):

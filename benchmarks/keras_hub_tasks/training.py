@@ -64,10 +64,12 @@ def arm(
     build: Callable[[], keras.Model],
     weights: list[np.ndarray],
     inner: keras.optimizers.Optimizer,
+    jit_compile: bool = True,
     **compile_arguments,
 ) -> Arm:
     """`method`'s model (built under its precision, given `weights`, instrumented
-    in place for keras_als) compiled with XLA around `inner`.
+    in place for keras_als) compiled around `inner`, with XLA unless
+    `jit_compile` is False.
 
     The mixed_float16 row without loss scaling compiles with
     `auto_scale_loss=False`: otherwise `compile` would wrap its optimizer in
@@ -81,7 +83,7 @@ def arm(
         optimizer = method.optimizer(inner)
         model.compile(
             optimizer=optimizer,
-            jit_compile=True,
+            jit_compile=jit_compile,
             auto_scale_loss=method.kind != "none",
             **compile_arguments,
         )

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.flat_regions.command import main
+
+sys.exit(main())

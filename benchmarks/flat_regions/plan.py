@@ -1,0 +1,131 @@
+"""The plan, and one seed's run of one model under every method.
+
+The plan (fixed before the first number, from issue 66's settings): each
+model of `MODELS` trained by `model.fit` with its own loss and XLA, Adam 1e-3,
+batch `BATCH`, `BLOCKS` blocks of its `steps_per_block` (XLA where it
+compiles: SegFormer's float16 dropout gradient does not, "Seen floating point
+types of different precisions", so it trains in a TensorFlow graph), on the 2,400 training
+canvases in an order drawn per seed, seeds `SEEDS`. Methods (`METHODS`):
+float32, mixed_float16 without loss scaling, Keras's `LossScaleOptimizer`,
+keras_als (default policy), and keras_als with `keras_als.diagnose` run on
+the seed's first batch and its finding applied (the named layers in float32)
+before training. Outcomes, on 256 held-out canvases: the task's own loss and
+its metric (accuracy; mIoU over the classes present, background included).
+Every method starts from the same float32 weights and trains on the same
+batches, block by block, interleaved in one process (`keras_hub_tasks.training`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import keras
+import numpy as np
+
+import keras_als
+from benchmarks.flat_regions import models
+from benchmarks.harness import scaling
+from benchmarks.keras_hub_tasks import training
+
+SEEDS = (1, 2, 3, 4, 5)
+BATCH = 8
+BLOCKS = 6
+LEARNING_RATE = 1e-3
+DIAGNOSED = dataclasses.replace(
+    scaling.ALS_MAX_SAFE, name="als_diagnosed", label="keras_als, diagnosed layers in float32"
+)
+METHODS = (*training.METHODS, DIAGNOSED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """One model of the study: its builder, its data, its steps and its metric."""
+
+    build: object
+    data: object
+    steps_per_block: int
+    metric: str
+    jit_compile: bool = True
+
+
+MODELS = {
+    "swin": Model(models.swin_classifier, models.classification, 100, "accuracy"),
+    "segformer": Model(
+        models.segformer_segmenter, models.segmentation, 50, "mIoU", jit_compile=False
+    ),
+    "vit": Model(models.vit_classifier, models.classification, 50, "accuracy"),
+}
+QUICK = {"seeds": (1,), "blocks": 2, "steps_per_block": 5}
+"""`--quick`: checks that the study runs; its numbers mean nothing."""
+
+
+def run_seed(name: str, seed: int, blocks: int = BLOCKS, steps_per_block: int | None = None):
+    """Every method on model `name` and `seed`: a list of result dicts."""
+    spec = MODELS[name]
+    steps_per_block = steps_per_block or spec.steps_per_block
+    keras.utils.clear_session()
+    keras.utils.set_random_seed(seed)
+    with scaling.precision("float32"):
+        weights = spec.build().get_weights()
+    x, y = spec.data("train")
+    needed = blocks * steps_per_block * BATCH
+    rng = np.random.default_rng(seed)
+    order = np.concatenate([rng.permutation(len(x)) for _ in range(-(-needed // len(x)))])
+    order = order[:needed]
+    size = steps_per_block * BATCH
+
+    def block(b):
+        rows = order[b * size : (b + 1) * size]
+        return x[rows], y[rows]
+
+    inner = [keras.optimizers.Adam(LEARNING_RATE) for _ in METHODS]
+    arms = [
+        training.arm(m, spec.build, weights, opt, spec.jit_compile)
+        for m, opt in zip(METHODS, inner)
+    ]
+    diagnosed = arms[-1]
+    start = time.perf_counter()
+    first_x, first_y = x[order[:BATCH]], y[order[:BATCH]]
+    diagnosis = keras_als.diagnose(diagnosed.model, first_x, first_y)
+    diagnosis.apply(diagnosed.model)
+    diagnosed.model.compile(
+        optimizer=diagnosed.optimizer, jit_compile=spec.jit_compile, auto_scale_loss=True
+    )
+    diagnose_seconds = time.perf_counter() - start
+    training.train(arms, block, blocks, BATCH)
+    test_x, test_y = spec.data("test")
+    results = []
+    for one in arms:
+        run = training.record(one, seed, held_out_loss(one.model, test_x, test_y), steps_per_block)
+        row = dataclasses.asdict(run) | {
+            "model": name,
+            "metric": metric(spec.metric, one.model, test_x, test_y),
+        }
+        if isinstance(one.optimizer, keras_als.AdaptiveLossScaleOptimizer):
+            row["layer_scales"] = one.optimizer.layer_scales()
+        if one is diagnosed:
+            row["float32_layers"] = diagnosis.layers
+            row["diagnose_seconds"] = diagnose_seconds
+        results.append(row)
+    return results
+
+
+def held_out_loss(model: keras.Model, x, y) -> float:
+    """The task's own loss on the held-out canvases (NaN where not finite)."""
+    value = model.evaluate(x, y, batch_size=64, verbose=0, return_dict=True)["loss"]
+    return float(value)
+
+
+def metric(kind: str, model: keras.Model, x, y) -> float:
+    """Accuracy, or mIoU over the classes present in `y` or the prediction."""
+    predicted = np.argmax(np.asarray(model.predict(x, batch_size=64, verbose=0), np.float32), -1)
+    if kind == "accuracy":
+        return float(np.mean(predicted == y))
+    truth = np.argmax(y, -1)
+    ious = []
+    for c in range(y.shape[-1]):
+        union = np.sum((predicted == c) | (truth == c))
+        if union:
+            ious.append(np.sum((predicted == c) & (truth == c)) / union)
+    return float(np.mean(ious))

@@ -1,0 +1,328 @@
+"""`diagnose`: which layers float16 cannot hold, measured on one batch, and the fix.
+
+A loss scale moves a layer's gradients up or down float16's range, but it
+cannot widen it. Two things no scale fixes:
+
+- a layer whose gradients span more than float16 holds: at the largest
+  power of two that keeps its largest gradient below 65504, many of its
+  small gradients fall below 2**-24 and flush to zero (a LayerNorm over a
+  token whose values are all equal, a patch of flat background, divides by
+  sqrt(epsilon) and sends gradients of 1e10 and more back to the layers
+  before it, whose other gradients are ordinary);
+- a layer whose forward output is not finite in float16 although its
+  inputs are (a mask of -1e9 is -inf in float16, and 0 * -inf is NaN).
+
+`diagnose` measures both on one batch, names the layers, and `apply` computes
+them in float32 (`layer.dtype_policy = "float32"`), the fix Keras's mixed
+precision guide gives for a layer that needs float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_als._keras_private import own_weights
+from keras_als._policy_terms import FLOAT16_MAX, MIN_SCALE
+
+UNDERFLOW_LIMIT = 0.01
+"""Share of a layer's non-zero gradients that may flush to zero at the largest
+scale that holds its largest one before the layer is said to need float32."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One layer float16 cannot hold.
+
+    Attributes:
+        layer: The layer's path inside the model (`layer.path`, less the
+            model's own name where it starts with it).
+        reason: `"forward"` (its output is not finite in float16, its inputs
+            are) or `"range"` (its gradients span more than float16 holds).
+        largest: The largest magnitude of its float32 gradients (`"range"`).
+        underflow_share: The share of its non-zero float32 gradients that
+            flush to zero in float16 at the largest power-of-two scale at
+            which the largest does not overflow (`"range"`).
+    """
+
+    layer: str
+    reason: str
+    largest: float = math.nan
+    underflow_share: float = math.nan
+
+    def __str__(self) -> str:
+        if self.reason == "forward":
+            return f"{self.layer}: its float16 output is not finite (its inputs are)"
+        return (
+            f"{self.layer}: gradients up to {self.largest:.1e}; at the largest scale that "
+            f"holds them, {self.underflow_share:.0%} of its non-zero gradients flush to zero"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """What `diagnose` found: the layers that need float32, and why.
+
+    Attributes:
+        findings: One `Finding` per layer, in the order the model calls them.
+
+    Example:
+
+    >>> import keras, keras_als
+    >>> found = keras_als.Diagnosis((keras_als.diagnosis.Finding("dense", "forward"),))
+    >>> found.layers
+    ['dense']
+    >>> print(found)  # doctest: +ELLIPSIS
+    keras_als.diagnose: 1 layer(s) need float32:
+      dense: its float16 output is not finite (its inputs are)
+    Fix: layer.dtype_policy = "float32" for each (diagnosis.apply(model) does it), ...
+    """
+
+    findings: tuple[Finding, ...]
+
+    @property
+    def layers(self) -> list[str]:
+        """The paths of the layers that need float32."""
+        return [f.layer for f in self.findings]
+
+    def apply(self, model: keras.Model) -> keras.Model:
+        """Computes the named layers of `model` (and the layers inside them) in
+        float32, in place, and returns `model`. Retrace after it: compile the
+        model again, or call a new `tf.function`."""
+        for layer in _layers_by_path(model, self.layers):
+            for inner in layer._flatten_layers(include_self=True):
+                inner.dtype_policy = "float32"
+        for name in ("train_function", "test_function", "predict_function"):
+            if getattr(model, name, None) is not None:
+                setattr(model, name, None)
+        return model
+
+    def __str__(self) -> str:
+        if not self.findings:
+            return "keras_als.diagnose: float16 holds every layer on this batch."
+        lines = [f"keras_als.diagnose: {len(self.findings)} layer(s) need float32:"]
+        lines += [f"  {finding}" for finding in self.findings]
+        lines.append(
+            'Fix: layer.dtype_policy = "float32" for each (diagnosis.apply(model) does it), '
+            "then compile again."
+        )
+        return "\n".join(lines)
+
+
+def diagnose(
+    model: keras.Model,
+    x,
+    y=None,
+    loss: Callable | None = None,
+) -> Diagnosis:
+    """Finds the layers of `model` that float16 cannot hold, on one batch.
+
+    Runs `model` on `(x, y)` twice, eagerly, in training mode: once as it is
+    (under `mixed_float16`) to find layers whose output is not finite while
+    their inputs are, and once with every layer computing in float32 (their
+    policies are restored after) to measure each layer's gradients: its
+    weights' and its outputs'. A layer needs float32 when more than
+    `UNDERFLOW_LIMIT` of its non-zero gradients flush to zero at the largest
+    power of two that holds its largest. Weights, optimizer and policies are
+    left as they were.
+
+    Args:
+        model: A built model, wrapped by `wrap_model` or not.
+        x: One batch of inputs, as `model` takes them.
+        y: Its targets.
+        loss: `loss(y, y_pred)`, a scalar. None: the model's own
+            (`model.compute_loss`, as `fit` uses; the model must be compiled).
+
+    Returns:
+        A `Diagnosis`: `print` it, or `apply` it to compute the named layers
+        in float32.
+
+    Example:
+
+    >>> import keras, keras_als, numpy as np
+    >>> keras.config.set_dtype_policy("mixed_float16")
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    >>> diagnosis = keras_als.diagnose(
+    ...     model, np.ones((8, 4), "float32"), np.zeros((8, 2), "float32"),
+    ...     loss=keras.losses.MeanSquaredError())
+    >>> diagnosis.layers
+    []
+    >>> keras.config.set_dtype_policy("float32")
+    """
+    if not model.built:
+        raise ValueError("keras_als.diagnose needs a built model: call it on a batch first.")
+    if loss is None and not getattr(model, "compiled", False):
+        raise ValueError(
+            "keras_als.diagnose: pass loss=, or compile the model first so that its own "
+            "loss (model.compute_loss) is used."
+        )
+    x = tf.nest.map_structure(tf.convert_to_tensor, x)
+    forward = _forward_not_finite(model, x)
+    if forward:
+        return Diagnosis(tuple(Finding(path, "forward") for path in forward))
+    return Diagnosis(tuple(_range_findings(model, x, y, loss)))
+
+
+@contextlib.contextmanager
+def _policies_kept(model):
+    """Restores the dtype policy of every layer of `model` when the context closes."""
+    policies = [(layer, layer.dtype_policy) for layer in model._flatten_layers(include_self=True)]
+    try:
+        yield
+    finally:
+        for layer, policy in policies:
+            layer.dtype_policy = policy
+
+
+def _loss_of(model, x, y, y_pred, loss):
+    if loss is not None:
+        return tf.cast(loss(y, y_pred), tf.float32)
+    value = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=None)
+    return tf.cast(value, tf.float32)
+
+
+def _floats(structure) -> list:
+    return [
+        t
+        for t in tf.nest.flatten(structure)
+        if isinstance(t, tf.Tensor | tf.Variable) and t.dtype.is_floating
+    ]
+
+
+@contextlib.contextmanager
+def _recording_calls(model, record):
+    """Every layer of `model` at any depth reports `(layer, args, kwargs,
+    outputs)` of each call to `record` while the context is open."""
+    layers = model._flatten_layers(include_self=False)
+    saved = []
+    for layer in layers:
+        method = layer.call
+        had_own = "call" in layer.__dict__
+
+        def call(*args, _layer=layer, _method=method, **kwargs):
+            outputs = _method(*args, **kwargs)
+            record(_layer, args, kwargs, outputs)
+            return outputs
+
+        # Past Keras's __setattr__, as `wrap_model`'s hooks are: a function is no state.
+        object.__setattr__(layer, "call", call)
+        saved.append((layer, had_own, method))
+    try:
+        yield
+    finally:
+        for layer, had_own, method in saved:
+            if had_own:
+                object.__setattr__(layer, "call", method)
+            else:
+                object.__delattr__(layer, "call")
+
+
+def _forward_not_finite(model, x) -> list[str]:
+    """The innermost layers whose float16 output is not finite, inputs finite.
+
+    A layer downstream of one whose output is not finite shows only once that
+    one computes in float32, so the forward pass runs again with the layers
+    found so far in float32 until it finds no more (policies restored after).
+    """
+    found: list[str] = []
+    with _policies_kept(model):
+        while True:
+            new = [p for p in _first_not_finite(model, x) if p not in found]
+            if not new:
+                return found
+            found += new
+            for layer in _layers_by_path(model, new):
+                for inner in layer._flatten_layers(include_self=True):
+                    inner.dtype_policy = "float32"
+
+
+def _first_not_finite(model, x) -> list[str]:
+    origins = []
+
+    def record(layer, args, kwargs, outputs):
+        def finite(structure):
+            return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in _floats(structure))
+
+        if not finite(outputs) and finite((args, kwargs)):
+            origins.append(layer)
+
+    with _recording_calls(model, record):
+        model(x, training=True)
+    paths = []
+    for layer in origins:
+        inner = {id(i) for i in layer._flatten_layers(include_self=False)}
+        if not any(id(o) in inner for o in origins) and _path(layer, model) not in paths:
+            paths.append(_path(layer, model))
+    return paths
+
+
+def _range_findings(model, x, y, loss) -> list[Finding]:
+    outputs = {}
+
+    def record(layer, args, kwargs, result):
+        if any(w.trainable for w in own_weights(layer)):
+            outputs.setdefault(id(layer), (layer, []))[1].extend(_floats(result))
+
+    with _policies_kept(model):
+        for layer in model._flatten_layers(include_self=True):
+            layer.dtype_policy = "float32"
+        variables = model.trainable_variables
+        with tf.GradientTape() as tape, _recording_calls(model, record):
+            y_pred = model(x, training=True)
+            value = _loss_of(model, x, y, y_pred, loss)
+        watched = [t for _, ts in outputs.values() for t in ts]
+        grads = tape.gradient(value, variables + watched)
+    by_variable = {id(v): g for v, g in zip(variables, grads[: len(variables)])}
+    by_output = iter(grads[len(variables) :])
+    findings = []
+    for layer, tensors in outputs.values():
+        values = [by_variable.get(id(v)) for v in own_weights(layer) if v.trainable]
+        values += [next(by_output) for _ in tensors]
+        magnitudes = np.concatenate(
+            [
+                np.abs(np.asarray(tf.convert_to_tensor(g), np.float64)).ravel()
+                for g in values
+                if g is not None
+            ]
+            or [np.zeros(0)]
+        )
+        share, largest = _underflow_at_safe_scale(magnitudes)
+        if share > UNDERFLOW_LIMIT:
+            findings.append(Finding(_path(layer, model), "range", largest, share))
+    return findings
+
+
+def _underflow_at_safe_scale(magnitudes: np.ndarray) -> tuple[float, float]:
+    """`(share, largest)`: the share of non-zero `magnitudes` below float16's
+    smallest subnormal at the largest power of two that keeps the largest
+    below float16's largest value."""
+    nonzero = magnitudes[magnitudes > 0]
+    if nonzero.size == 0 or not np.all(np.isfinite(nonzero)):
+        return 0.0, float(nonzero.max()) if nonzero.size else 0.0
+    largest = float(nonzero.max())
+    scale = 2.0 ** math.floor(math.log2(FLOAT16_MAX / largest))
+    # Below half the smallest subnormal, float16 rounds to zero.
+    return float(np.mean(nonzero * scale < MIN_SCALE / 2)), largest
+
+
+def _path(layer, model) -> str:
+    """`layer`'s path inside `model` (a Sequential's layers' paths start with its name)."""
+    path, prefix = layer.path or layer.name, f"{model.path or model.name}/"
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def _layers_by_path(model, paths: list[str]) -> list:
+    found = {_path(layer, model): layer for layer in model._flatten_layers(include_self=False)}
+    missing = [p for p in paths if p not in found]
+    if missing:
+        raise ValueError(
+            f"keras_als: no layer of {model.name!r} has the path(s) {missing}: apply a "
+            "diagnosis to the model it was made for."
+        )
+    return [found[p] for p in paths]

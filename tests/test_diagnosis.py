@@ -1,0 +1,227 @@
+"""`keras_als.diagnose`: the layers float16 cannot hold, named, and float32 for them.
+
+On KerasHub tasks built tiny from their constructors: Swin on canvases of
+exact zeros (its patch embedding's gradients reach 1e14 in float32) and T5
+(its attention's output is NaN in float16). The telemetry's runtime
+counterpart, `beyond_float16`, and the mixed_bfloat16 warning are here too.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_als
+from keras_als import _telemetry, diagnosis
+
+SPARSE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@pytest.fixture(autouse=True)
+def _float32_after():
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def test_the_underflow_share_is_taken_at_the_largest_scale_that_holds_the_largest():
+    # 1e10: scale 2**-18; 1.0 * 2**-18 is a normal float16, nothing flushes.
+    share, largest = diagnosis._underflow_at_safe_scale(np.array([1e10, 1.0, 1.0, 0.0]))
+    assert (share, largest) == (0.0, 1e10)
+    # 1e14: scale 2**-31; 1e-3 * 2**-31 = 4.7e-13 is below 2**-25: 3 of 4 flush.
+    share, _ = diagnosis._underflow_at_safe_scale(np.array([1e14, 1e-3, 1e-3, 1e-3]))
+    assert share == 0.75
+    assert diagnosis._underflow_at_safe_scale(np.zeros(3)) == (0.0, 0.0)
+
+
+def _dense_model(kernel_value):
+    keras.config.set_dtype_policy("mixed_float16")
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(4, name="first"),
+            keras.layers.Dense(
+                4, name="huge", kernel_initializer=keras.initializers.Constant(kernel_value)
+            ),
+            keras.layers.Dense(2, name="head", dtype="float32"),
+        ]
+    )
+    return model, np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+
+
+def test_a_layer_whose_float16_output_overflows_is_named_and_float32_fixes_it():
+    model, x, y = _dense_model(1e5)  # sums of 1e5 * O(1) exceed 65504
+    found = keras_als.diagnose(model, x, y, loss=keras.losses.MeanSquaredError())
+    assert found.layers == ["huge"] and found.findings[0].reason == "forward"
+    assert "huge: its float16 output is not finite" in str(found)
+    assert 'layer.dtype_policy = "float32"' in str(found)
+    assert model.get_layer("huge").compute_dtype == "float16"  # diagnose changes nothing
+    found.apply(model)
+    assert model.get_layer("huge").compute_dtype == "float32"
+    assert np.isfinite(np.asarray(model(x))).all()
+    assert keras_als.diagnose(model, x, y, loss=keras.losses.MeanSquaredError()).layers == []
+
+
+def test_a_model_float16_holds_is_reported_so():
+    model, x, y = _dense_model(0.1)
+    found = keras_als.diagnose(model, x, y, loss=keras.losses.MeanSquaredError())
+    assert found.layers == []
+    assert str(found) == "keras_als.diagnose: float16 holds every layer on this batch."
+
+
+def test_diagnose_refuses_an_unbuilt_model_a_missing_loss_and_another_model_s_layers():
+    model, x, y = _dense_model(0.1)
+    with pytest.raises(ValueError, match="pass loss="):
+        keras_als.diagnose(model, x, y)
+    with pytest.raises(ValueError, match="built model"):
+        keras_als.diagnose(keras.Sequential([keras.layers.Dense(2)]), x, y, loss="mse")
+    found = diagnosis.Diagnosis((diagnosis.Finding("nowhere", "forward"),))
+    with pytest.raises(ValueError, match="apply a diagnosis to the model it was made for"):
+        found.apply(model)
+
+
+def _swin(wrapped):
+    from benchmarks.flat_regions import models
+
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(5)
+    model = models.swin_classifier()
+    if wrapped:
+        keras_als.wrap_model(model)
+    x, y = models.classification("train")
+    return model, x[:8], y[:8]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_diagnose_names_swin_s_patch_embedding_and_changes_nothing(wrapped):
+    """Swin on canvases of exact zeros: its patch embedding's convolution and
+    LayerNorm are named for their range (float32 gradients up to ~1e14, most of
+    their other gradients flushed at a scale that holds those); weights,
+    policies and the layers' `call` (keras_als's hooks where wrapped) are as
+    before, with the task's own loss."""
+    model, x, y = _swin(wrapped)
+    before = [w.copy() for w in model.get_weights()]
+    policies = [(layer, layer.dtype_policy.name) for layer in model._flatten_layers()]
+    calls = [(layer, layer.__dict__.get("call")) for layer in model._flatten_layers()]
+    found = keras_als.diagnose(model, x, y)
+    names = found.layers
+    assert names[:2] == ["patch_embedding/conv_projection", "patch_embedding/norm"], names
+    first = found.findings[0]
+    assert first.reason == "range" and first.largest > 1e10 and first.underflow_share > 0.1
+    assert all(not name.startswith("stage_1") for name in names), names
+    for a, b in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert all(layer.dtype_policy.name == name for layer, name in policies)
+    assert all(layer.__dict__.get("call") is call for layer, call in calls)
+
+
+def _trained_loss(model, optimizer, x, y, steps):
+    model.compile(optimizer=optimizer, jit_compile=True)
+    model.fit(x[: 8 * steps], y[: 8 * steps], batch_size=8, verbose=0, shuffle=False)
+    return model.evaluate(x[-256:], y[-256:], batch_size=64, verbose=0, return_dict=True)["loss"]
+
+
+@pytest.mark.slow
+def test_with_the_diagnosed_layers_in_float32_keras_als_trains_swin_as_float32_does():
+    """200 steps of Adam 1e-3 on the flat canvases, the same weights and
+    batches: keras_als with `diagnose(...).apply` ends within 0.03 of the
+    float32 model's held-out loss and skips no more steps than Keras's
+    `LossScaleOptimizer`; without the fix, Keras's own scale ends farther."""
+    from benchmarks.flat_regions import models
+
+    x, y = models.classification("train")
+    keras.config.set_dtype_policy("float32")
+    keras.utils.set_random_seed(5)
+    reference = models.swin_classifier()
+    weights = reference.get_weights()
+    float32 = _trained_loss(reference, keras.optimizers.Adam(1e-3), x, y, 200)
+
+    model, first_x, first_y = _swin(wrapped=True)
+    model.set_weights(weights)
+    keras_als.diagnose(model, first_x, first_y).apply(model)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    ours = _trained_loss(model, optimizer, x, y, 200)
+
+    plain, _, _ = _swin(wrapped=False)
+    plain.set_weights(weights)
+    keras_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    _trained_loss(plain, keras_optimizer, x, y, 200)
+    keras_skipped = 200 - int(keras_optimizer.iterations.numpy())
+
+    skipped = int(optimizer.skipped_steps.numpy())
+    print(f"held-out loss: float32 {float32:.4f}, diagnosed {ours:.4f}; skipped {skipped}")
+    assert abs(ours - float32) < 0.03, (ours, float32)
+    assert int(optimizer.skipped_steps.numpy()) <= keras_skipped
+
+
+@pytest.mark.slow
+def test_diagnose_names_t5_s_attention_whose_float16_output_is_nan_and_the_fix_trains():
+    """T5 under mixed_float16: its loss is NaN from the first step (the
+    padding mask's -1e9 is -inf in float16). `diagnose` names the encoder's and
+    decoder's self-attention and the cross-attention that a finite upstream
+    output then exposes; with them in float32, keras_als trains it: every
+    step applied, the loss finite and falling."""
+    from benchmarks import hub_tasks
+
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(0)
+    model = keras_als.wrap_model(hub_tasks.t5_seq2seq_lm())
+    x, y = hub_tasks.seq2seq_batches(64)
+    first = tf.nest.map_structure(lambda a: a[:8], x)
+    assert not np.isfinite(np.asarray(model(first, training=True), np.float32)).all()
+    found = keras_als.diagnose(model, first, y[:8], loss=SPARSE)
+    assert found.layers == [
+        "transformer_encoder_layer_0/self_attention",
+        "transformer_decoder_layer_0/self_attention",
+        "transformer_decoder_layer_0/cross_attention",
+    ]
+    assert all(f.reason == "forward" for f in found.findings)
+    found.apply(model)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=optimizer, loss=SPARSE, jit_compile=True)
+    losses = model.fit(x, y, batch_size=8, epochs=3, verbose=0).history["loss"]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0], losses
+    assert int(optimizer.skipped_steps.numpy()) == 0
+
+
+def _numbers(scale, overflows, in_a_row=0):
+    return {
+        "scale": scale,
+        "overflows": overflows,
+        "last_overflow_step": {n: 90 if overflows.get(n) else -1 for n in scale},
+        "skipped_in_a_row": in_a_row,
+        "recent_skip_rate": 0.0,
+        "steps": 100,
+    }
+
+
+def test_layers_that_overflowed_below_scale_one_are_beyond_float16_and_the_warning_says_the_fix():
+    telemetry = _numbers(
+        {"loss": 2.0**-3, "patch": 2.0**-20, "block": 2.0**-2, "head": 2.0**10},
+        {"loss": 5, "patch": 12, "block": 0, "head": 3},
+    )
+    # The loss is no layer; "block" never overflowed; "head" did at a scale above 1.
+    assert _telemetry.beyond_float16(telemetry) == ["patch"]
+    telemetry["beyond_float16"] = ["patch"]
+    telemetry["skipped_in_a_row"] = 30
+    message = _telemetry.stuck(telemetry, in_a_row_limit=20)
+    assert (
+        "Gradients beyond float16's range (they overflowed at scales below 1) in: patch." in message
+    )
+    assert 'layer.dtype_policy = "float32"' in message and "keras_als.diagnose" in message
+    telemetry["beyond_float16"] = []
+    assert "beyond float16" not in _telemetry.stuck(telemetry, in_a_row_limit=20)
+
+
+def test_building_under_mixed_bfloat16_warns_once_that_no_loss_scale_is_needed():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
+    variables = [keras.Variable(np.zeros(2, "float32"))]
+    with pytest.warns(UserWarning, match="mixed_bfloat16, whose range is float32's"):
+        optimizer.build(variables)
+    keras.config.set_dtype_policy("mixed_float16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD()).build(variables)
