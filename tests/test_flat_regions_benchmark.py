@@ -1,0 +1,82 @@
+"""The flat-regions study (`benchmarks/flat_regions`): its data, its tables, one tiny run."""
+
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks.flat_regions import models, plan, report
+
+
+def test_the_canvases_background_is_exactly_zero_and_the_targets_match_the_digits():
+    images, labels = models.classification("test")
+    assert images.shape == (256, 32, 32, 3) and labels.shape == (256,)
+    assert np.mean(images == 0.0) > 0.8 and images.max() <= 1.0
+    assert set(np.unique(labels)) <= set(range(10)) and len(np.unique(labels)) == 10
+    images, masks = models.segmentation("test")
+    assert images.shape[1:] == (64, 64, 3) and masks.shape[1:] == (64, 64, 11)
+    np.testing.assert_array_equal(masks.sum(-1), 1.0)  # one class a pixel
+    background = masks[..., 0] == 1
+    assert 0.5 < background.mean() < 1.0
+
+
+def _row(model, method, seed, outcome, skipped, **extra):
+    return {
+        "model": model,
+        "method": method,
+        "seed": seed,
+        "outcome": outcome,
+        "metric": 0.5,
+        "skipped": skipped,
+        "step_seconds": 0.01,
+        "steps": 600,
+    } | extra
+
+
+def test_the_comparisons_pair_by_seed_and_name_the_seeds_where_keras_als_skips_more():
+    rows = []
+    for seed, (f32, ours, diagnosed) in enumerate(
+        [(2.0, 2.1, 2.0), (2.2, 2.2, 2.21), (2.1, 2.3, 2.1)]
+    ):
+        rows += [
+            _row("swin", "float32", seed, f32, 0),
+            _row("swin", "mixed_no_scaling", seed, math.nan, 0),
+            _row("swin", "keras_lso", seed, 2.5, 30),
+            _row("swin", "als_max_safe", seed, ours, 304 if seed == 1 else 5),
+            _row(
+                "swin",
+                plan.DIAGNOSED.name,
+                seed,
+                diagnosed,
+                10,
+                float32_layers=["patch_embedding/norm"],
+                diagnose_seconds=0.5,
+            ),
+        ]
+    lines = report.comparisons(rows, "swin")
+    # keras_als minus float32: +0.1, 0.0, +0.2: mean 0.1, s.e. 0.0577.
+    assert lines[0].startswith("- als_max_safe: held-out loss minus float32's +0.1000 ± 0.0577")
+    assert "within two standard errors" in lines[0] and "on seeds: [1]." in lines[0]
+    assert "on seeds: none." in lines[1]
+    assert "patch_embedding/norm" in lines[2]
+    table = report.table(rows, "swin")
+    assert any("| not finite |" in line and "3 of 3" in line for line in table)
+    assert any("| 104.7 (5-304) |" in line for line in table)
+
+
+@pytest.mark.slow
+def test_one_seed_of_the_study_runs_every_method_on_the_vit():
+    rows = plan.run_seed("vit", 1, blocks=2, steps_per_block=2)
+    assert [r["method"] for r in rows] == [m.name for m in plan.METHODS]
+    assert all(r["steps"] == 4 and math.isfinite(r["step_seconds"]) for r in rows)
+    assert rows[-1]["float32_layers"] == []  # ViT's position embeddings make no token flat
+    assert "## vit (4 steps a run)" in report.markdown(
+        {
+            "runs": rows,
+            "command": "c",
+            "date": "d",
+            "seconds": 1.0,
+            "environment": "e",
+            "provenance": "p",
+        }
+    )
