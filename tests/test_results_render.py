@@ -89,6 +89,12 @@ def _keras_hub_task(name: str):
     return render
 
 
+def _flat_regions() -> str:
+    from benchmarks.flat_regions import report
+
+    return report.markdown(_json("flat_regions.json"))
+
+
 def _step_profile() -> str:
     from benchmarks import step_profile
 
@@ -117,6 +123,7 @@ def _step_breakdown() -> str:
         ("hard_outcomes.md", _hard_outcomes),
         ("retinanet.md", _keras_hub_task("retinanet")),
         ("lora.md", _keras_hub_task("lora")),
+        ("flat_regions.md", _flat_regions),
         ("real_models.md", _real_models),
         ("step_profile.md", _step_profile),
         ("memory_breakdown.md", _memory_breakdown),

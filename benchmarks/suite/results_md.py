@@ -20,6 +20,7 @@ SEPARATE = (
     "heavy_tails",
     "retinanet",
     "lora",
+    "flat_regions",
     "real_models",
     "memory_breakdown",
     "step_breakdown",
