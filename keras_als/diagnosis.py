@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_als import instrument
 from keras_als._keras_private import own_weights
 from keras_als._policy_terms import FLOAT16_MAX, MIN_SCALE
 
@@ -95,12 +96,8 @@ class Diagnosis:
         """Computes the named layers of `model` (and the layers inside them) in
         float32, in place, and returns `model`. Retrace after it: compile the
         model again, or call a new `tf.function`."""
-        for layer in _layers_by_path(model, self.layers):
-            for inner in layer._flatten_layers(include_self=True):
-                inner.dtype_policy = "float32"
-        for name in ("train_function", "test_function", "predict_function"):
-            if getattr(model, name, None) is not None:
-                setattr(model, name, None)
+        _to_float32(_layers_by_path(model, self.layers))
+        instrument.retrace(model)
         return model
 
     def __str__(self) -> str:
@@ -237,9 +234,14 @@ def _forward_not_finite(model, x) -> list[str]:
             if not new:
                 return found
             found += new
-            for layer in _layers_by_path(model, new):
-                for inner in layer._flatten_layers(include_self=True):
-                    inner.dtype_policy = "float32"
+            _to_float32(_layers_by_path(model, new))
+
+
+def _to_float32(layers: list) -> None:
+    """Sets each of `layers`, and every layer inside it, to compute in float32."""
+    for layer in layers:
+        for inner in layer._flatten_layers(include_self=True):
+            inner.dtype_policy = "float32"
 
 
 def _first_not_finite(model, x) -> list[str]:

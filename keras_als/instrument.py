@@ -153,7 +153,7 @@ def wrap_model(model: keras.Model, scale_each_output: bool = False) -> keras.Mod
             hook.scale_outputs = True
         if hook_of(layer).trainable_weights:
             _layer_call.declare(hook_of(layer))
-    _retrace(model)
+    retrace(model)
     return model
 
 
@@ -174,11 +174,11 @@ def unwrap_model(model: keras.Model) -> keras.Model:
             _layer_call.forget(hook)
             for name in (*_METHODS, _HOOK):
                 vars(layer).pop(name, None)
-    _retrace(model)
+    retrace(model)
     return model
 
 
-def _retrace(model) -> None:
+def retrace(model) -> None:
     """Drops the functions `fit`, `evaluate`, `predict` (and a KerasHub task's
     `generate`) traced already, so the next call traces the model with (or
     without) its boundaries."""
