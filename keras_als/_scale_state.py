@@ -19,7 +19,9 @@ of its entries:
   measurement; the underflow shares, for the telemetry (the caller `write`s
   the rows of both in one assignment);
 - `learn_from_overflow` (skipped steps): back off, headroom, where the
-  overflow started.
+  overflow started;
+- `underflow` (measuring steps, for `record_measurement`): the underflow
+  shares per component.
 
 `state` below is the optimizer: its variables are the state.
 """
@@ -29,8 +31,12 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_als import _statistics, _telemetry, policies
-from keras_als._telemetry import SKIP_WINDOW
+from keras_als import _statistics, policies
+
+SKIP_WINDOW = 100
+"""Steps over which `telemetry()["recent_skip_rate"]` is taken."""
+FLUSH_PROPAGATION = 8
+"""Components upstream of a flushed gradient marked as underflowed whole."""
 
 PER_SCALE = (
     "scale",  # each wrapped layer's scale (entry 0: the loss's is Keras's dynamic_scale)
@@ -220,7 +226,7 @@ def record_measurement(state, plan, statistics, gradients) -> dict:
     rows = {"measured": tf.where(informed, tf.ones_like(was), was)}
     if not state.estimate_underflow:
         return rows
-    subnormal, zero = _telemetry.underflow(
+    subnormal, zero = underflow(
         plan,
         statistics,
         gradients.weight_grads,
@@ -269,3 +275,27 @@ def _entries_of(plan) -> tuple[list[list[int]], list[int]]:
     """`([entry], component)` pairs: every entry of `plan`'s components, and whose it is."""
     pairs = [([entry], i) for i, c in enumerate(plan.components) for entry in c.entries()]
     return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def underflow(plan, statistics, weight_grads, float16, before) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per component, the shares of float16 subnormals and of exact zeros.
+
+    A gradient that rounded to zero whole at a boundary, or a component whose
+    every gradient is zero though gradient reached it, underflowed whole (or
+    its units are all dead): its underflow share is 1, and so is that of the
+    components upstream that received nothing (silent), up to
+    `FLUSH_PROPAGATION` components away. Where nothing reached a component,
+    its shares stay as they were (`before`, a pair of vectors).
+    """
+    subnormal, zero = _statistics.underflow_shares(plan, weight_grads, float16)
+    silent = statistics.silent
+    if statistics.flushed is not None:
+        nothing = tf.logical_and(tf.equal(statistics.amax, 0.0), tf.logical_not(silent))
+        lost = tf.logical_or(statistics.flushed, nothing)
+        downstream = plan.downstream_matrix()
+        for _ in range(FLUSH_PROPAGATION):
+            below = tf.linalg.matvec(downstream, tf.cast(lost, tf.float32)) > 0
+            lost = tf.logical_or(lost, tf.logical_and(silent, below))
+        subnormal = tf.where(lost, tf.ones_like(subnormal), subnormal)
+        silent = tf.logical_and(silent, tf.logical_not(lost))
+    return tf.where(silent, before[0], subnormal), tf.where(silent, before[1], zero)

@@ -1,9 +1,9 @@
 """Telemetry: what the optimizer's state says about the scaling, as plain values.
 
 `read` turns `AdaptiveLossScaleOptimizer`'s variables into the dict that
-`telemetry()` returns, `stuck` says why the scaling looks stuck (or None), and
-`underflow` computes the per-component underflow shares a measuring step
-records. Reading telemetry never changes training.
+`telemetry()` returns, `stuck` says why the scaling looks stuck (or None),
+`beyond_float16` which layers' gradients exceed float16's range. Reading
+telemetry never changes training.
 """
 
 from __future__ import annotations
@@ -11,22 +11,16 @@ from __future__ import annotations
 import math
 
 import keras
-import tensorflow as tf
 
-from keras_als import _statistics, policies
+from keras_als import _entries, _scale_state, policies
+from keras_als._scale_state import SKIP_WINDOW
 
-SKIP_WINDOW = 100
-"""Steps over which `telemetry()["recent_skip_rate"]` is taken."""
 STUCK_SHARE = 0.25
 """Share of the last `SKIP_WINDOW` steps skipped above which the scaling is reported stuck."""
-FLUSH_PROPAGATION = 8
-"""Components upstream of a flushed gradient marked as underflowed whole."""
 
 
 def read(optimizer) -> dict:
     """`optimizer.telemetry()`'s dict (see there), without warning."""
-    from keras_als import _entries, _scale_state  # _scale_state imports this module
-
     built = optimizer.built
     names, entries = _entries.named(optimizer) if built else (["loss"], [0])
 
@@ -114,30 +108,6 @@ def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
         "training diverge. Check the data (tf.debugging.check_numerics), train a few "
         "steps in float32, or lower the learning rate."
     )
-
-
-def underflow(plan, statistics, weight_grads, float16, before) -> tuple[tf.Tensor, tf.Tensor]:
-    """Per component, the shares of float16 subnormals and of exact zeros.
-
-    A gradient that rounded to zero whole at a boundary, or a component whose
-    every gradient is zero though gradient reached it, underflowed whole (or
-    its units are all dead): its underflow share is 1, and so is that of the
-    components upstream that received nothing (silent), up to
-    `FLUSH_PROPAGATION` components away. Where nothing reached a component,
-    its shares stay as they were (`before`, a pair of vectors).
-    """
-    subnormal, zero = _statistics.underflow_shares(plan, weight_grads, float16)
-    silent = statistics.silent
-    if statistics.flushed is not None:
-        nothing = tf.logical_and(tf.equal(statistics.amax, 0.0), tf.logical_not(silent))
-        lost = tf.logical_or(statistics.flushed, nothing)
-        downstream = plan.downstream_matrix()
-        for _ in range(FLUSH_PROPAGATION):
-            below = tf.linalg.matvec(downstream, tf.cast(lost, tf.float32)) > 0
-            lost = tf.logical_or(lost, tf.logical_and(silent, below))
-        subnormal = tf.where(lost, tf.ones_like(subnormal), subnormal)
-        silent = tf.logical_and(silent, tf.logical_not(lost))
-    return tf.where(silent, before[0], subnormal), tf.where(silent, before[1], zero)
 
 
 def table(telemetry: dict) -> str:

@@ -37,6 +37,23 @@ def _modules():
     return [importlib.import_module(f"keras_als.{m.name}") for m in pkgutil.iter_modules([PACKAGE])]
 
 
+def test_no_modules_of_the_package_import_each_other_in_a_circle():
+    graph = {m.__name__: _imports(pathlib.Path(m.__file__)) for m in _modules()}
+    graph = {name: {i for i in imports if i in graph} for name, imports in graph.items()}
+
+    def reach(start):
+        seen, todo = set(), list(graph[start])
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph[name])
+        return seen
+
+    circles = sorted(name for name in graph if name in reach(name))
+    assert circles == [], circles
+
+
 def test_no_module_keeps_mutable_state_at_module_level():
     stores = [
         f"{module.__name__}.{name}"
