@@ -108,11 +108,21 @@ def make_split(
 
 
 @functools.cache
-def split(name: str) -> Split:
-    """The split `name` ("train", "validation" or "test"), made once per process."""
+def split(
+    name: str,
+    count: int | None = None,
+    noise: float = 0.1,
+    digits_per_canvas: tuple[int, int] = DIGITS_PER_CANVAS,
+) -> Split:
+    """The split `name` ("train", "validation" or "test"), made once per process
+    and arguments: `count` canvases (`CANVASES[name]` by default), the others
+    as `make_split` takes them."""
     from sklearn.datasets import load_digits
 
     data = load_digits()
     start, stop = DIGIT_POOLS[name]
     digits = (data.images[start:stop] / 16.0).astype(np.float64)
-    return make_split(digits, data.target[start:stop], CANVASES[name], DATA_SEEDS[name])
+    count = CANVASES[name] if count is None else count
+    return make_split(
+        digits, data.target[start:stop], count, DATA_SEEDS[name], noise, digits_per_canvas
+    )

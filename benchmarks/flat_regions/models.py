@@ -8,8 +8,6 @@ padding and letterboxing give.
 
 from __future__ import annotations
 
-import functools
-
 import keras
 import numpy as np
 
@@ -75,20 +73,12 @@ def vit_classifier() -> keras.Model:
     )
 
 
-@functools.cache
 def _canvases(split: str, digits: tuple[int, int]):
-    from sklearn.datasets import load_digits
-
+    """The pasted digits of `split` on a background of exact zeros."""
     from benchmarks.detection import canvases
 
-    data = load_digits()
-    start, stop = canvases.DIGIT_POOLS[split]
-    images = (data.images[start:stop] / 16.0).astype(np.float64)
     count = {"train": 2400, "test": 256}[split]
-    seed = canvases.DATA_SEEDS[split]
-    return canvases.make_split(
-        images, data.target[start:stop], count, seed, noise=0.0, digits_per_canvas=digits
-    )
+    return canvases.split(split, count, noise=0.0, digits_per_canvas=digits)
 
 
 def _resized(images: np.ndarray, side: int) -> np.ndarray:

@@ -79,10 +79,9 @@ def run_seed(name: str, seed: int, blocks: int = BLOCKS, steps_per_block: int | 
         rows = order[b * size : (b + 1) * size]
         return x[rows], y[rows]
 
-    inner = [keras.optimizers.Adam(LEARNING_RATE) for _ in METHODS]
     arms = [
-        training.arm(m, spec.build, weights, opt, spec.jit_compile)
-        for m, opt in zip(METHODS, inner)
+        training.arm(m, spec.build, weights, keras.optimizers.Adam(LEARNING_RATE), spec.jit_compile)
+        for m in METHODS
     ]
     diagnosed = arms[-1]
     start = time.perf_counter()

@@ -57,15 +57,16 @@ def comparisons(rows: list[dict], model: str) -> list[str]:
             f"- {name}: held-out loss minus float32's {mean:+.4f} ± {error:.4f} ({seeds} seeds, "
             f"{verdict}); skips more than Keras's on seeds: {more or 'none'}."
         )
-    found = [r.get("float32_layers") for r in _of(rows, model, plan.DIAGNOSED.name)]
-    if found:
+    diagnosed = _of(rows, model, plan.DIAGNOSED.name)
+    if diagnosed:
+        named = statistics.fmean(len(r["float32_layers"]) for r in diagnosed)
+        first = diagnosed[0]
         lines.append(
-            f"- `keras_als.diagnose` named {statistics.fmean(len(f) for f in found):.1f} "
-            f"layers a seed; seed {min(r['seed'] for r in _of(rows, model, OURS[1]))}: "
-            f"{', '.join(found[0]) or 'none'}."
+            f"- `keras_als.diagnose` named {named:.1f} layers a seed; seed {first['seed']}: "
+            f"{', '.join(first['float32_layers']) or 'none'}."
         )
-        seconds = [r["diagnose_seconds"] for r in _of(rows, model, plan.DIAGNOSED.name)]
-        lines.append(f"- `diagnose` and `apply` took {statistics.fmean(seconds):.1f} s a seed.")
+        seconds = statistics.fmean(r["diagnose_seconds"] for r in diagnosed)
+        lines.append(f"- `diagnose` and `apply` took {seconds:.1f} s a seed.")
     return lines
 
 
