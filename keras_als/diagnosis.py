@@ -124,12 +124,12 @@ def diagnose(
     `mixed_float16`) to find layers whose output is not finite while their
     inputs are (again with those in float32, until none is left), then with
     every layer computing in float32 (their policies are restored after) to
-    measure each layer's gradients: its weights' and its outputs'. A layer needs float32 when more than
-    `UNDERFLOW_LIMIT` of its non-zero gradients flush to zero at the largest
-    power of two that holds its largest. Where some float16 output is not
-    finite, those layers are reported alone (gradients through a NaN say
-    nothing): apply the diagnosis and call `diagnose` again. Weights,
-    optimizer and policies are left as they were.
+    measure each layer's gradients: its weights' and its outputs'. A layer
+    needs float32 when more than `UNDERFLOW_LIMIT` of its non-zero gradients
+    flush to zero at the largest power of two that holds its largest. Where
+    some float16 output is not finite, those layers are reported alone
+    (gradients through a NaN say nothing): apply the diagnosis and call
+    `diagnose` again. Weights, optimizer and policies are left as they were.
 
     Args:
         model: A built model, wrapped by `wrap_model` or not.
