@@ -45,6 +45,7 @@ class Finding:
         layer: The layer's path inside the model (`layer.path`, less the
             model's own name where it starts with it).
         reason: `"forward"` (its output is not finite in float16, its inputs
+            are), `"input"` (its input, finite, is not once cast to float16)
             are) or `"range"` (its gradients span more than float16 holds).
         largest: The largest magnitude of its float32 gradients (`"range"`).
         underflow_share: The share of its non-zero float32 gradients that
@@ -60,6 +61,8 @@ class Finding:
     def __str__(self) -> str:
         if self.reason == "forward":
             return f"{self.layer}: its float16 output is not finite (its inputs are)"
+        if self.reason == "input":
+            return f"{self.layer}: its input overflows float16 when cast to it (its compute dtype)"
         return (
             f"{self.layer}: gradients up to {self.largest:.1e}; at the largest scale that "
             f"holds them, {self.underflow_share:.0%} of its non-zero gradients flush to zero"
@@ -164,7 +167,7 @@ def diagnose(
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     forward = _forward_not_finite(model, x)
     if forward:
-        return Diagnosis(tuple(Finding(path, "forward") for path in forward))
+        return Diagnosis(tuple(Finding(path, reason) for path, reason in forward))
     return Diagnosis(tuple(_range_findings(model, x, y, loss)))
 
 
@@ -195,9 +198,10 @@ def _floats(structure) -> list:
 
 
 @contextlib.contextmanager
-def _recording_calls(model, record):
+def _recording_calls(model, record, before=None):
     """Every layer of `model` at any depth reports `(layer, args, kwargs,
-    outputs)` of each call to `record` while the context is open."""
+    outputs)` of each call to `record` (and `(layer, args, kwargs)` to
+    `before`, if given, as the call starts) while the context is open."""
     layers = model._flatten_layers(include_self=False)
     saved = []
     for layer in layers:
@@ -205,6 +209,8 @@ def _recording_calls(model, record):
         had_own = "call" in layer.__dict__
 
         def call(*args, _layer=layer, _method=method, **kwargs):
+            if before is not None:
+                before(_layer, args, kwargs)
             outputs = _method(*args, **kwargs)
             record(_layer, args, kwargs, outputs)
             return outputs
@@ -222,21 +228,22 @@ def _recording_calls(model, record):
                 object.__delattr__(layer, "call")
 
 
-def _forward_not_finite(model, x) -> list[str]:
-    """The innermost layers whose float16 output is not finite, inputs finite.
+def _forward_not_finite(model, x) -> list[tuple[str, str]]:
+    """The innermost layers whose float16 output is not finite, inputs finite
+    (or whose input cast to float16 is not), with the reason.
 
     A layer downstream of one whose output is not finite shows only once that
     one computes in float32, so the forward pass runs again with the layers
     found so far in float32 until it finds no more (policies restored after).
     """
-    found: list[str] = []
+    found: list[tuple[str, str]] = []
     with _policies_kept(model):
         while True:
             new = [p for p in _first_not_finite(model, x) if p not in found]
             if not new:
                 return found
             found += new
-            _to_float32(_layers_by_path(model, new))
+            _to_float32(_layers_by_path(model, [path for path, _ in new]))
 
 
 def _to_float32(layers: list) -> None:
@@ -246,23 +253,45 @@ def _to_float32(layers: list) -> None:
             inner.dtype_policy = "float32"
 
 
-def _first_not_finite(model, x) -> list[str]:
+def _first_not_finite(model, x) -> list[tuple[str, str]]:
+    """The layers where the forward pass first stops being finite: a layer's
+    output not finite while its inputs are, or a layer whose inputs arrive
+    not finite while no output before was (the cast of a float32 input to
+    its float16 overflowed: Keras casts inputs before `call`). The second
+    only for a float16 layer whose non-finite inputs are infinities, not NaN,
+    after some finite output beyond float16's range: what such a cast makes."""
     origins = []
+    seen = {"not_finite": False, "beyond_float16": False}
+
+    def finite(structure):
+        return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in _floats(structure))
+
+    def before(layer, args, kwargs):
+        if seen["not_finite"] or finite((args, kwargs)):
+            return
+        seen["not_finite"] = True
+        nan = any(bool(tf.reduce_any(tf.math.is_nan(t))) for t in _floats((args, kwargs)))
+        if seen["beyond_float16"] and not nan and layer.compute_dtype == "float16":
+            origins.append((layer, "input"))
 
     def record(layer, args, kwargs, outputs):
-        def finite(structure):
-            return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in _floats(structure))
+        if not finite(outputs):
+            if finite((args, kwargs)):
+                origins.append((layer, "forward"))
+            seen["not_finite"] = True
+        elif any(bool(tf.reduce_max(tf.abs(t)) > FLOAT16_MAX) for t in _floats(outputs)):
+            seen["beyond_float16"] = True
 
-        if not finite(outputs) and finite((args, kwargs)):
-            origins.append(layer)
-
-    with _recording_calls(model, record):
+    if not finite(x):
+        raise ValueError("keras_als.diagnose: the inputs x are not finite; check the data.")
+    with _recording_calls(model, record, before):
         model(x, training=True)
     paths = []
-    for layer in origins:
+    for layer, reason in origins:
         inner = {id(i) for i in layer._flatten_layers(include_self=False)}
-        if not any(id(o) in inner for o in origins) and _path(layer, model) not in paths:
-            paths.append(_path(layer, model))
+        path = _path(layer, model)
+        if not any(id(o) in inner for o, _ in origins) and path not in [p for p, _ in paths]:
+            paths.append((path, reason))
     return paths
 
 

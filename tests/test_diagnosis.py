@@ -63,6 +63,25 @@ def test_a_layer_whose_float16_output_overflows_is_named_and_float32_fixes_it():
     assert keras_als.diagnose(model, x, y, loss=keras.losses.MeanSquaredError()).layers == []
 
 
+def test_a_float16_layer_whose_float32_input_overflows_in_its_cast_is_named():
+    keras.config.set_dtype_policy("mixed_float16")
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(
+                4, dtype="float32", name="wide", kernel_initializer=keras.initializers.Constant(1e5)
+            ),
+            keras.layers.Dense(2, name="narrow"),
+        ]
+    )
+    x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+    found = keras_als.diagnose(model, x, y, loss=keras.losses.MeanSquaredError())
+    assert [(f.layer, f.reason) for f in found.findings] == [("narrow", "input")]
+    assert "narrow: its input overflows float16 when cast to it" in str(found)
+    with pytest.raises(ValueError, match="inputs x are not finite"):
+        keras_als.diagnose(model, x * np.nan, y, loss=keras.losses.MeanSquaredError())
+
+
 def test_a_model_float16_holds_is_reported_so():
     model, x, y = _dense_model(0.1)
     found = keras_als.diagnose(model, x, y, loss=keras.losses.MeanSquaredError())
