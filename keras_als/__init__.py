@@ -1,6 +1,6 @@
 """keras_als: adaptive (layer-wise) loss scaling for float16 training in Keras 3.
 
-Five parts:
+Six parts:
 
 - `wrap_model` instruments the user's own model in place: a scale boundary
   at the inputs of every layer with trainable weights, at any depth, and of
@@ -15,6 +15,8 @@ Five parts:
 - `diagnose` names the layers no float16 scale can hold (their gradients
   span more than float16's range, or their float16 output is not finite),
   measured on one batch; its `Diagnosis.apply` computes them in float32.
+- `Float32Fallback` (a Keras callback) does the same during `fit`, when the
+  optimizer's telemetry says float16 no longer holds a layer.
 
 Example:
 
@@ -36,6 +38,7 @@ if _keras.config.backend() != "tensorflow":
 
 from keras_als import _version, policies  # noqa: E402
 from keras_als.diagnosis import Diagnosis, diagnose  # noqa: E402
+from keras_als.fallback import Float32Fallback  # noqa: E402
 from keras_als.instrument import unwrap_model, wrap_model  # noqa: E402
 from keras_als.monitor import ScaleMonitor  # noqa: E402
 from keras_als.optimizer import AdaptiveLossScaleOptimizer  # noqa: E402
@@ -46,6 +49,7 @@ __all__ = [
     "AdaptiveLossScaleOptimizer",
     "AdaptiveScaled",
     "Diagnosis",
+    "Float32Fallback",
     "ScaleMonitor",
     "diagnose",
     "plot_scales",

@@ -1,0 +1,138 @@
+"""`Float32Fallback`: during `fit`, the layers float16 cannot hold move to float32.
+
+A loss scale cannot widen float16's range. When the optimizer's telemetry
+says a layer's gradients outran it (`telemetry()["beyond_float16"]`: an
+overflow started there at a scale below 1), or the steps keep being skipped
+(a forward pass that is not finite in float16 overflows at every scale), this
+callback runs `keras_als.diagnose` on a batch the user gives it, with the
+weights as they are, computes the layers it names in float32 and traces the
+training step again, once per new finding. Until then it reads one counter
+per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+
+from keras_als import _telemetry
+from keras_als.diagnosis import Diagnosis, diagnose
+from keras_als.optimizer import AdaptiveLossScaleOptimizer
+
+
+class Float32Fallback(keras.callbacks.Callback):
+    """Computes in float32, during `fit`, the layers whose gradients or outputs
+    float16 cannot hold, as `keras_als.diagnose` measures them.
+
+    After a batch whose step was skipped it reads the optimizer's telemetry.
+    If it names layers beyond float16's range that it has not seen yet, or
+    `skipped_in_a_row` steps in a row were skipped, it diagnoses `(x, y)` with
+    the current weights; the layers found (not yet in float32) get
+    `dtype_policy = "float32"` and the training step is traced again before
+    the next batch (one compilation). At most `rounds` diagnoses per `fit`.
+    What it did is in `self.applied` (`(step, layer paths)` pairs) and, with
+    `verbose`, printed.
+
+    It changes a layer's precision, so the mathematics of those layers is
+    float32's from then on: the model trains as it would with those layers
+    set to float32 before `fit` (`keras_als.diagnose(model, x, y).apply(model)`),
+    which a custom training loop does (it cannot retrace the user's
+    `tf.function` itself).
+
+    Args:
+        x: A batch of inputs the model trains on (a few dozen examples).
+        y: Its targets.
+        loss: `loss(y, y_pred)`, as `diagnose` takes it; None: the model's own.
+        skipped_in_a_row: Steps skipped in a row that call for a diagnosis
+            even when no layer is named beyond float16.
+        rounds: Most diagnoses in one `fit`.
+        verbose: Whether to print each diagnosis that changed the model.
+
+    Example:
+
+    >>> import keras, numpy as np, keras_als
+    >>> keras.config.set_dtype_policy("mixed_float16")
+    >>> model = keras_als.wrap_model(keras.Sequential([
+    ...     keras.Input((4,)),
+    ...     keras.layers.Dense(4, name="huge",
+    ...                        kernel_initializer=keras.initializers.Constant(1e5)),
+    ...     keras.layers.Dense(1, name="head", dtype="float32")]))
+    >>> model.compile(keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3)), "mse")
+    >>> x, y = np.ones((16, 4), "float32"), np.zeros((16, 1), "float32")
+    >>> fallback = keras_als.Float32Fallback(x[:8], y[:8], skipped_in_a_row=2, verbose=False)
+    >>> _ = model.fit(x, y, batch_size=2, verbose=0, callbacks=[fallback])
+    >>> fallback.applied
+    [(2, ['huge'])]
+    >>> model.get_layer("huge").compute_dtype
+    'float32'
+    >>> keras.config.set_dtype_policy("float32")
+    """
+
+    def __init__(
+        self,
+        x,
+        y=None,
+        loss: Callable | None = None,
+        skipped_in_a_row: int = 8,
+        rounds: int = 3,
+        verbose: bool = True,
+    ):
+        super().__init__()
+        if skipped_in_a_row < 1 or rounds < 1:
+            raise ValueError(
+                "Float32Fallback(skipped_in_a_row=..., rounds=...) take whole numbers >= 1, "
+                f"got {skipped_in_a_row!r} and {rounds!r}."
+            )
+        self.x, self.y, self.loss = x, y, loss
+        self.skipped_in_a_row = skipped_in_a_row
+        self.rounds = rounds
+        self.verbose = verbose
+        self.applied: list[tuple[int, list[str]]] = []
+        self._diagnoses = 0
+        self._skipped = 0
+        self._seen: set[str] = set()
+
+    def on_train_begin(self, logs=None):
+        optimizer = self.model.optimizer
+        if not isinstance(optimizer, AdaptiveLossScaleOptimizer):
+            raise ValueError(
+                "Float32Fallback reads keras_als's telemetry: compile the model with "
+                "keras_als.AdaptiveLossScaleOptimizer(...), got "
+                f"{type(optimizer).__name__}."
+            )
+        self._diagnoses = 0
+        self._skipped = self._skipped_steps()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._diagnoses >= self.rounds:
+            return
+        skipped = self._skipped_steps()
+        if skipped == self._skipped:
+            return
+        self._skipped = skipped
+        telemetry = _telemetry.read(self.model.optimizer)
+        new = set(telemetry["beyond_float16"]) - self._seen
+        stuck = telemetry["skipped_in_a_row"] >= self.skipped_in_a_row
+        if not new and not stuck:
+            return
+        self._seen |= new
+        self._diagnoses += 1
+        found = diagnose(self.model, self.x, self.y, loss=self.loss)
+        layers = [p for p in found.layers if p not in _float32_paths(self.applied)]
+        if not layers:
+            return
+        Diagnosis(tuple(f for f in found.findings if f.layer in layers)).apply(self.model)
+        self.model.make_train_function(force=True)  # fit calls it for the next batch
+        self.applied.append((telemetry["steps"], layers))
+        if self.verbose:
+            print(f"keras_als.Float32Fallback, at step {telemetry['steps']}: {found}")
+
+    def _skipped_steps(self) -> int:
+        if not self.model.optimizer.built:
+            return 0
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.skipped_steps))
+
+
+def _float32_paths(applied: list[tuple[int, list[str]]]) -> set[str]:
+    return {path for _, paths in applied for path in paths}

@@ -1,0 +1,117 @@
+"""`keras_als.Float32Fallback`: during `fit`, the layers float16 cannot hold go to float32.
+
+On a Dense layer whose float16 output overflows (every step is skipped until
+the fallback acts) and on KerasHub's Swin on canvases of exact zeros (its
+patch embedding's gradients reach 1e15), against Keras's `LossScaleOptimizer`
+on the same weights and batches.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_als
+from keras_als import fallback as fallback_module
+
+
+@pytest.fixture(autouse=True)
+def _float32_after():
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def _dense_model(kernel_value):
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(
+                4, name="huge", kernel_initializer=keras.initializers.Constant(kernel_value)
+            ),
+            keras.layers.Dense(
+                4, name="after", kernel_initializer=keras.initializers.Constant(1 / kernel_value)
+            ),
+            keras.layers.Dense(2, name="head", dtype="float32"),
+        ]
+    )
+    keras_als.wrap_model(model)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer, "mse")
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 1.5, (64, 4)).astype("float32")
+    return model, optimizer, x, np.zeros((64, 2), "float32")
+
+
+def test_a_layer_whose_float16_output_overflows_goes_to_float32_and_every_later_step_applies():
+    model, optimizer, x, y = _dense_model(1e5)  # sums of 1e5 * O(1) exceed 65504
+    fallback = keras_als.Float32Fallback(x[:8], y[:8], skipped_in_a_row=3, verbose=False)
+    model.fit(x, y, batch_size=4, verbose=0, shuffle=False, callbacks=[fallback])
+    # "after" takes huge's float32 output, 4e5, which its cast to float16 overflows.
+    assert fallback.applied == [(3, ["huge", "after"])]
+    assert [layer.compute_dtype for layer in model.layers] == ["float32"] * 3
+    # The three steps before it were skipped; the 13 after it all applied.
+    assert int(optimizer.skipped_steps.numpy()) == 3
+    assert int(optimizer.iterations.numpy()) == 16 - 3
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    assert np.isfinite(model.evaluate(x, y, verbose=0))
+
+
+def test_it_does_nothing_and_diagnoses_nothing_where_float16_holds(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fallback_module, "diagnose", lambda *a, **k: calls.append(a))
+    model, optimizer, x, y = _dense_model(0.1)
+    fallback = keras_als.Float32Fallback(x[:8], y[:8])
+    model.fit(x, y, batch_size=4, verbose=0, callbacks=[fallback])
+    assert int(optimizer.skipped_steps.numpy()) < 8  # the first guess's few, then none
+    assert fallback.applied == [] and calls == []
+    assert model.get_layer("huge").compute_dtype == "float16"
+
+
+def test_it_stops_after_its_rounds_and_refuses_keras_s_optimizer_and_bad_arguments():
+    model, optimizer, x, y = _dense_model(1e5)
+    fallback = keras_als.Float32Fallback(x[:8], y[:8], skipped_in_a_row=1, rounds=1)
+    fallback._diagnoses = 1  # as if this fit had diagnosed already
+    fallback.set_model(model)
+    fallback.on_train_batch_end(0)
+    assert fallback.applied == []
+    with pytest.raises(ValueError, match="whole numbers >= 1"):
+        keras_als.Float32Fallback(x, y, skipped_in_a_row=0)
+    keras.config.set_dtype_policy("mixed_float16")
+    plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    plain.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()), "mse")
+    with pytest.raises(ValueError, match=r"keras_als.AdaptiveLossScaleOptimizer\(...\)"):
+        plain.fit(x, y, verbose=0, callbacks=[keras_als.Float32Fallback(x, y)])
+
+
+@pytest.mark.slow
+def test_on_swin_it_moves_the_patch_embedding_to_float32_and_skips_fewer_steps_than_keras():
+    """40 steps of Adam 1e-3 on the flat canvases, the same weights and
+    batches: keras_als with the fallback sets the patch embedding (and the
+    first block, which overflows next) to float32 once, and skips fewer steps
+    than Keras's optimizer (which skips 30, halving its scale from 2**15)."""
+    from benchmarks.flat_regions import models
+
+    x, y = models.classification("train")
+    x, y = x[: 8 * 40], y[: 8 * 40]
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(5)
+    plain = models.swin_classifier()
+    weights = plain.get_weights()
+    keras_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    plain.compile(optimizer=keras_optimizer, jit_compile=True)
+    plain.fit(x, y, batch_size=8, verbose=0, shuffle=False)
+    keras_skipped = 40 - int(keras_optimizer.iterations.numpy())
+
+    model = keras_als.wrap_model(models.swin_classifier())
+    model.set_weights(weights)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=optimizer, jit_compile=True)
+    fallback = keras_als.Float32Fallback(x[:8], y[:8], verbose=False)
+    model.fit(x, y, batch_size=8, verbose=0, shuffle=False, callbacks=[fallback])
+    skipped = int(optimizer.skipped_steps.numpy())
+    print(f"skipped: keras_als with the fallback {skipped}, Keras {keras_skipped}")
+    [(step, layers)] = fallback.applied
+    assert layers[:2] == ["patch_embedding/conv_projection", "patch_embedding/norm"], layers
+    assert skipped < keras_skipped and skipped <= step + 5, (skipped, keras_skipped, step)
+    assert all(np.isfinite(w).all() for w in model.get_weights())
