@@ -52,13 +52,25 @@ def test_the_comparisons_pair_by_seed_and_name_the_seeds_where_keras_als_skips_m
                 float32_layers=["patch_embedding/norm"],
                 diagnose_seconds=0.5,
             ),
+            _row(
+                "swin",
+                plan.FALLBACK.name,
+                seed,
+                diagnosed,
+                12,
+                fallback_applied=[[8, ["patch_embedding/norm", "stage_0/norm1"]]] if seed else [],
+            ),
         ]
     lines = report.comparisons(rows, "swin")
     # keras_als minus float32: +0.1, 0.0, +0.2: mean 0.1, s.e. 0.0577.
     assert lines[0].startswith("- als_max_safe: held-out loss minus float32's +0.1000 ± 0.0577")
     assert "within two standard errors" in lines[0] and "on seeds: [1]." in lines[0]
-    assert "on seeds: none." in lines[1]
-    assert "patch_embedding/norm" in lines[2]
+    assert "on seeds: none." in lines[1] and lines[2].startswith("- als_fallback:")
+    assert "patch_embedding/norm" in lines[3]
+    assert lines[5] == (
+        "- Layers `Float32Fallback` set to float32: seed 0: none; seed 1: 2 at step 8; "
+        "seed 2: 2 at step 8."
+    )
     table = report.table(rows, "swin")
     assert any("| not finite |" in line and "3 of 3" in line for line in table)
     assert any("| 104.7 (5-304) |" in line for line in table)
@@ -69,7 +81,9 @@ def test_one_seed_of_the_study_runs_every_method_on_the_vit():
     rows = plan.run_seed("vit", 1, blocks=2, steps_per_block=2)
     assert [r["method"] for r in rows] == [m.name for m in plan.METHODS]
     assert all(r["steps"] == 4 and math.isfinite(r["step_seconds"]) for r in rows)
-    assert rows[-1]["float32_layers"] == []  # ViT's position embeddings make no token flat
+    diagnosed, fallback = rows[-2:]
+    assert diagnosed["float32_layers"] == []  # ViT's position embeddings make no token flat
+    assert fallback["fallback_applied"] == []
     assert "## vit (4 steps a run)" in report.markdown(
         {
             "runs": rows,

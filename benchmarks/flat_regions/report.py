@@ -9,7 +9,7 @@ from benchmarks.flat_regions import plan
 from benchmarks.harness import stats
 
 FLOAT32, KERAS = "float32", "keras_lso"
-OURS = ("als_max_safe", plan.DIAGNOSED.name)
+OURS = ("als_max_safe", plan.DIAGNOSED.name, plan.FALLBACK.name)
 
 
 def _of(rows: list[dict], model: str, method: str) -> list[dict]:
@@ -46,6 +46,8 @@ def comparisons(rows: list[dict], model: str) -> list[str]:
     keras = {r["seed"]: r for r in _of(rows, model, KERAS)}
     for name in OURS:
         ours = {r["seed"]: r for r in _of(rows, model, name)}
+        if not ours:
+            continue
         mean, error, seeds = stats.paired_by_seed(
             {s: r["outcome"] for s, r in ours.items()},
             {s: r["outcome"] for s, r in reference.items()},
@@ -67,6 +69,14 @@ def comparisons(rows: list[dict], model: str) -> list[str]:
         )
         seconds = statistics.fmean(r["diagnose_seconds"] for r in diagnosed)
         lines.append(f"- `diagnose` and `apply` took {seconds:.1f} s a seed.")
+    fallback = _of(rows, model, plan.FALLBACK.name)
+    if fallback:
+        done = [
+            f"seed {r['seed']}: "
+            + (", ".join(f"{len(p)} at step {s}" for s, p in r["fallback_applied"]) or "none")
+            for r in fallback
+        ]
+        lines.append(f"- Layers `Float32Fallback` set to float32: {'; '.join(done)}.")
     return lines
 
 

@@ -36,6 +36,7 @@ class Arm:
     optimizer: keras.optimizers.Optimizer
     block_seconds: list[float] = dataclasses.field(default_factory=list)
     block_losses: list[float] = dataclasses.field(default_factory=list)
+    callbacks: list = dataclasses.field(default_factory=list)  # passed to every `fit`
 
     def skipped(self, steps: int) -> int:
         """Steps not applied: keras_als's `skipped_steps`; for Keras's optimizer,
@@ -98,7 +99,9 @@ def train(arms: list[Arm], block: Callable[[int], tuple], blocks: int, batch: in
         turn = b % len(arms)
         for one in arms[turn:] + arms[:turn]:
             start = time.perf_counter()
-            history = one.model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+            history = one.model.fit(
+                x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=one.callbacks
+            )
             one.block_seconds.append(time.perf_counter() - start)
             one.block_losses.append(float(history.history["loss"][-1]))
         print(
