@@ -97,7 +97,8 @@ def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
         f" Gradients beyond float16's range (they overflowed at scales below 1) in: "
         f"{', '.join(beyond[:8])}. No loss scale holds them: compute those layers in float32 "
         '(layer.dtype_policy = "float32"); keras_als.diagnose(model, x, y) measures which '
-        "layers need it on a batch, and its apply(model) sets them."
+        "layers need it on a batch, and its apply(model) sets them; in fit, the callback "
+        "keras_als.Float32Fallback(x, y) does both when this happens."
         if beyond
         else ""
     )

@@ -230,6 +230,7 @@ def test_layers_that_overflowed_below_scale_one_are_beyond_float16_and_the_warni
         "Gradients beyond float16's range (they overflowed at scales below 1) in: patch." in message
     )
     assert 'layer.dtype_policy = "float32"' in message and "keras_als.diagnose" in message
+    assert "keras_als.Float32Fallback(x, y)" in message
     telemetry["beyond_float16"] = []
     assert "beyond float16" not in _telemetry.stuck(telemetry, in_a_row_limit=20)
 
