@@ -1,7 +1,7 @@
 """Training outcomes on the fidelity benchmark's hard models.
 
 The fidelity benchmark compares one batch's gradients; this one trains. Each
-hard case of `benchmarks.zoo` (vanishing gradients through 16 sigmoid layers,
+hard case of `benchmarks.harness.zoo` (vanishing gradients through 16 sigmoid layers,
 a loss summed over a large batch, targets in the thousands, a small late loss)
 is trained from the same initial weights on the same batches by every method,
 and the outcome is the final training loss, evaluated in float32 on all of the
@@ -29,8 +29,8 @@ import statistics
 
 import numpy as np
 
-from benchmarks import fidelity, zoo
-from benchmarks.harness import isolation, scaling, stats
+from benchmarks.harness import isolation, scaling, stats, zoo
+from benchmarks.suite import fidelity
 
 STEPS = 1000
 """Adam steps per run, times the case's `train_steps`."""

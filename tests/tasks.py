@@ -5,7 +5,7 @@ their own top (`APPLICATIONS`), each with the data it trains on and its loss.
 
 import keras
 
-from benchmarks import hub_tasks
+from benchmarks.harness import hub_tasks
 
 SPARSE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 TASKS = {  # builder, data, loss (None: the task's own)

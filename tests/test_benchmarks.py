@@ -6,12 +6,12 @@ import statistics
 
 import pytest
 
-from benchmarks.convergence import Run
-from benchmarks.cost import Timing, growth_exponent
-from benchmarks.fidelity import Measurement, compare, overall
 from benchmarks.harness import scaling
-from benchmarks.memory import Memory
 from benchmarks.suite import tables, targets
+from benchmarks.suite.convergence import Run
+from benchmarks.suite.cost import Timing, growth_exponent
+from benchmarks.suite.fidelity import Measurement, compare, overall
+from benchmarks.suite.memory import Memory
 
 
 def _measurement(case, method, error, underflow, phase="init"):
@@ -139,7 +139,7 @@ def test_step_time_ratios_carry_their_standard_error_into_the_table_and_the_targ
 
 
 def test_the_memory_breakdown_measures_each_variant_and_gives_ratios_to_keras(monkeypatch):
-    from benchmarks import memory
+    from benchmarks.suite import memory
 
     asked = []
 
@@ -161,7 +161,7 @@ def test_the_memory_breakdown_measures_each_variant_and_gives_ratios_to_keras(mo
 def test_the_memory_breakdown_writes_to_out_and_leaves_the_committed_results(
     monkeypatch, tmp_path, capsys
 ):
-    from benchmarks import memory
+    from benchmarks.suite import memory
 
     def measure(model, method, steps=20, ablation=""):
         return Memory(model, method, 2**20, 900.0, 200.0, 2**19)
@@ -185,7 +185,7 @@ def test_the_memory_breakdown_writes_to_out_and_leaves_the_committed_results(
 def test_the_step_breakdown_writes_every_variant_to_out_and_leaves_the_committed_results(
     monkeypatch, tmp_path
 ):
-    from benchmarks import cost
+    from benchmarks.suite import cost
 
     def run_all(blocks, steps, breakdown, models, instances):
         assert breakdown and models == ("deep_mlp",) and (blocks, steps, instances) == (2, 3, 4)
@@ -203,7 +203,8 @@ def test_the_step_breakdown_writes_every_variant_to_out_and_leaves_the_committed
     assert open(cost.BREAKDOWN_RESULTS + ".json").read() == committed
     table = open(out + ".md").read()
     saved = json.loads(open(out + ".json").read())
-    assert saved["command"].startswith("python -m benchmarks.cost --models deep_mlp --blocks 2")
+    command = "python -m benchmarks.suite.cost --models deep_mlp --blocks 2"
+    assert saved["command"].startswith(command)
     assert cost.breakdown_markdown(saved) == table
     for m in (scaling.ALS_MAX_SAFE, *cost.BREAKDOWN):
         assert f"- `{m.name}`: {m.label}" in table
@@ -231,7 +232,7 @@ def test_memory_target_checks_the_step_total_and_its_peak():
 
 
 def test_the_memory_command_measures_every_model_under_both_methods(monkeypatch, capsys):
-    from benchmarks import memory
+    from benchmarks.suite import memory
 
     asked = []
 
@@ -253,8 +254,8 @@ def test_the_memory_command_measures_every_model_under_both_methods(monkeypatch,
 def test_the_memory_and_step_time_ablations_leave_the_crossing_reductions_out_and_back():
     import tensorflow as tf
 
-    from benchmarks import cost
     from benchmarks.harness import ablations
+    from benchmarks.suite import cost
     from keras_als import _crossings
 
     boundary = object()
@@ -319,8 +320,8 @@ def test_the_scheduling_ablations_reduce_the_same_values_at_other_points(monkeyp
     `als_crossings_never_wait` inside that ablation."""
     import tensorflow as tf
 
-    from benchmarks import cost
     from benchmarks.harness import ablations
+    from benchmarks.suite import cost
     from keras_als import _crossings
 
     monkeypatch.setattr(_crossings, "WAITING_BYTES", 1)
@@ -403,7 +404,7 @@ def test_gradients_that_wait_for_their_reductions_train_bit_identically(monkeypa
 
 
 def test_the_step_time_breakdown_times_the_ablation_beside_keras_als_on_a_small_mlp():
-    from benchmarks import cost
+    from benchmarks.suite import cost
 
     timings = cost.interleaved("mlp_4", 2, 2, cost.BREAKDOWN[2:], instances=1)
     assert [t.method for t in timings] == [
@@ -1002,7 +1003,7 @@ def test_memory_reads_the_total_and_the_peak_of_the_largest_compiled_step(tmp_pa
     """XLA's buffer-assignment dumps, as it writes them (numbers from a real
     dump): the total and the peak usage both come from the module with the
     largest total, the peak's digits grouped by spaces."""
-    from benchmarks import memory
+    from benchmarks.suite import memory
 
     def dump(name, total, peak):
         path = tmp_path / f"module_{name}.train_step.cpu_after_optimizations-buffer-assignment.txt"

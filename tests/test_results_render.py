@@ -102,13 +102,13 @@ def _step_profile() -> str:
 
 
 def _memory_breakdown() -> str:
-    from benchmarks import memory
+    from benchmarks.suite import memory
 
     return memory.breakdown_markdown(_json("memory_breakdown.json"))
 
 
 def _step_breakdown() -> str:
-    from benchmarks import cost
+    from benchmarks.suite import cost
 
     return cost.breakdown_markdown(_json("step_breakdown.json"))
 

@@ -17,7 +17,6 @@ import time
 
 import keras
 
-from benchmarks import memory
 from benchmarks.real_models.architectures import (
     BATCH,
     MODELS,
@@ -49,6 +48,7 @@ from benchmarks.real_models.timing import (
     step_times,
     step_times_in_processes,
 )
+from benchmarks.suite import memory
 
 
 def _probe(kind: str, name: str, method: str, jit: bool) -> None:

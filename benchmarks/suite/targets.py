@@ -9,11 +9,11 @@ import dataclasses
 import math
 import statistics
 
-from benchmarks.convergence import Run
-from benchmarks.cost import Timing, growth_exponent
-from benchmarks.fidelity import Measurement
 from benchmarks.harness import stats
-from benchmarks.memory import Memory
+from benchmarks.suite.convergence import Run
+from benchmarks.suite.cost import Timing, growth_exponent
+from benchmarks.suite.fidelity import Measurement
+from benchmarks.suite.memory import Memory
 
 OURS = "als_max_safe"
 """The keras_als configuration the targets judge: its default policy."""
@@ -255,7 +255,7 @@ def targets(
 
 
 def judge(results: dict) -> list[Target]:
-    """All five targets of a suite run's results (`benchmarks.run`'s, or results.json loaded)."""
+    """All five targets of a suite run's results (the command's, or results.json loaded)."""
     return targets(
         results["measurements"],
         results["hard"],
