@@ -9,9 +9,9 @@ import pytest
 from benchmarks.harness import scaling
 from benchmarks.suite import tables, targets
 from benchmarks.suite.convergence import Run
-from benchmarks.suite.cost import Timing, growth_exponent
 from benchmarks.suite.fidelity import Measurement, compare, overall
-from benchmarks.suite.memory import Memory
+from benchmarks.suite.records import Memory, Timing
+from benchmarks.suite.targets import growth_exponent
 
 
 def _measurement(case, method, error, underflow, phase="init"):
@@ -190,7 +190,7 @@ def test_the_step_breakdown_writes_every_variant_to_out_and_leaves_the_committed
     def run_all(blocks, steps, breakdown, models, instances):
         assert breakdown and models == ("deep_mlp",) and (blocks, steps, instances) == (2, 3, 4)
         return [
-            cost.Timing("deep_mlp", m.name, 9, 2.5, 2.0, 1.25, 2, 3, 4, 1.1, 0.05)
+            Timing("deep_mlp", m.name, 9, 2.5, 2.0, 1.25, 2, 3, 4, 1.1, 0.05)
             for m in (scaling.ALS_MAX_SAFE, *cost.BREAKDOWN)
         ]
 

@@ -34,47 +34,9 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.harness import ablations, isolation, provenance, scaling, stats, xla_step, zoo
+from benchmarks.suite import tables
+from benchmarks.suite.records import Timing
 from keras_als import _entries, policies
-
-
-@dataclasses.dataclass
-class Timing:
-    """Interleaved step times of keras_als (max_safe) and Keras LSO on one model.
-
-    Attributes:
-        model: Model name.
-        method: The keras_als variant timed (default: `"als_max_safe"`).
-        layers: Number of wrapped layers (scale boundaries).
-        als_ms: Median step time of keras_als, milliseconds.
-        lso_ms: Median step time of Keras LSO, milliseconds.
-        ratio: Median over rounds of the time ratio keras_als / Keras LSO
-            (each the mean over its instances).
-        blocks: Number of rounds.
-        steps_per_block: Steps in each timed block.
-        instances: Independently built instances of each method.
-        lso_spread: Slowest over fastest Keras LSO instance (median times):
-            how far two instances of one configuration differ (the noise floor).
-        ratio_se: Standard error of the ratio from the instances' spread
-            (`stats.ratio_and_standard_error` of their median step times;
-            NaN with one instance of a method, or in results saved without it).
-    """
-
-    model: str
-    method: str
-    layers: int
-    als_ms: float
-    lso_ms: float
-    ratio: float
-    blocks: int
-    steps_per_block: int
-    instances: int = 1
-    lso_spread: float = 1.0
-    ratio_se: float = float("nan")
-
-    @property
-    def overhead_ms(self) -> float:
-        """Extra time per step of keras_als, milliseconds (may be negative: noise)."""
-        return self.als_ms - self.lso_ms
 
 
 def deep_mlp(depth: int, width: int = 64, features: int = 32) -> Callable[[], keras.Model]:
@@ -283,26 +245,6 @@ def layer_sweep(
     return results
 
 
-def growth_exponent(timings: list[Timing]) -> float:
-    """Exponent k of overhead ~ layers**k: least-squares slope of log overhead
-    against log layers over every sweep size with a positive overhead.
-
-    All sizes, not only the two largest: there the overhead is a few percent
-    of the step, within the noise between instances, and the slope between two
-    such differences swung from "not measurable" to 1.22 between two runs.
-
-    Returns NaN when the largest size's overhead is not positive (lost in the
-    noise) or fewer than two sizes have a positive overhead.
-    """
-    ordered = sorted(timings, key=lambda t: t.layers)
-    positive = [t for t in ordered if t.overhead_ms > 0]
-    if not ordered or ordered[-1].overhead_ms <= 0 or len(positive) < 2:
-        return float("nan")
-    x = np.log([t.layers for t in positive])
-    y = np.log([t.overhead_ms for t in positive])
-    return float(np.polyfit(x, y, 1)[0])
-
-
 def _line(t: Timing) -> str:
     return (
         f"  {t.model:14s} {t.method:18s} {t.layers:4d} wrapped layers: {t.als_ms:.2f} ms, "
@@ -345,8 +287,6 @@ BREAKDOWN_RESULTS = os.path.join(
 def breakdown_markdown(saved: dict) -> str:
     """The markdown of a saved `--models` run: how it was made, the variants,
     then the table of every variant against Keras LSO."""
-    from benchmarks.suite import tables
-
     labels = {m.name: m.label for m in (scaling.ALS_MAX_SAFE, *BREAKDOWN)}
     lines = [
         "# Step time, split by variant",

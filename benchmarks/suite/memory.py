@@ -31,6 +31,7 @@ import sys
 import tempfile
 
 from benchmarks.harness import ablations
+from benchmarks.suite.records import Memory
 
 MODELS = ("cnn_batchnorm", "transformer", "mlp_50")
 """Models measured (names from `benchmarks.suite.cost`)."""
@@ -53,29 +54,6 @@ schedules of keras_als's crossing reductions: in one branch after backprop;
 every group's branch run as soon as the group is complete; no branch run
 before its results are read (keras_als makes a gradient that fills a group
 alone wait for its branch, `keras_als._crossings`)."""
-
-
-@dataclasses.dataclass
-class Memory:
-    """Memory of one model under one method.
-
-    Attributes:
-        model: Model name.
-        method: `"keras_lso"` or `"als_max_safe"`.
-        xla_bytes: XLA buffer assignment total of the compiled step (largest
-            compiled version of the step).
-        peak_rss_mb: Peak resident set size of the process, MiB.
-        rss_growth_mb: Peak RSS minus RSS before the first step, MiB.
-        xla_peak_bytes: Bytes live at once at the peak of the same step
-            (XLA's "peak usage"); None in results saved before it was read.
-    """
-
-    model: str
-    method: str
-    xla_bytes: int
-    peak_rss_mb: float
-    rss_growth_mb: float
-    xla_peak_bytes: int | None = None
 
 
 def measure(model: str, method: str, steps: int = 20, ablation: str = "") -> Memory:

@@ -8,7 +8,7 @@ import json
 import os
 
 from benchmarks.harness import scaling, zoo
-from benchmarks.suite import convergence, cost, fidelity, memory, tables
+from benchmarks.suite import convergence, cost, fidelity, records, tables
 from benchmarks.suite.targets import OURS, Target
 
 SEPARATE = (
@@ -220,9 +220,9 @@ def load(path: str) -> dict:
             for m in saved["measurements"]
         ],
         runs=[convergence.Run(**r) for r in saved["runs"]],
-        timings=[cost.Timing(**t) for t in saved["timings"]],
-        sweep=[cost.Timing(**t) for t in saved["sweep"]],
-        memory=[memory.Memory(**m) for m in saved["memory"]],
+        timings=[records.Timing(**t) for t in saved["timings"]],
+        sweep=[records.Timing(**t) for t in saved["sweep"]],
+        memory=[records.Memory(**m) for m in saved["memory"]],
         hard=set(saved["hard"]),
         cases=[by_name[name] for name in saved["cases"]],
     )

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 from benchmarks.suite.convergence import Run
-from benchmarks.suite.cost import Timing
 from benchmarks.suite.fidelity import Measurement
-from benchmarks.suite.memory import Memory
+from benchmarks.suite.records import Memory, Timing
 from benchmarks.suite.targets import (
     BASELINE,
     OURS,
