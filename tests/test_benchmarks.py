@@ -524,7 +524,7 @@ def test_the_compile_and_memory_probes_build_each_variant_with_its_optimizer_and
     assert len(stepped) == 4
     assert capsys.readouterr().out.count('{"first_step": ') == 4
     for reading in ("xla_total", "xla_peak", "high_water_mb"):
-        monkeypatch.setattr(command.memory, reading, lambda *args: 1.0)
+        monkeypatch.setattr(command.xla_memory, reading, lambda *args: 1.0)
     command._probe("memory", "m", "optimizer_only", jit=True)
     assert built[-1] == ("keras_als", 0, False) and len(stepped) == 4 + 5
     assert '"xla_peak_bytes": 1.0' in capsys.readouterr().out
@@ -1003,7 +1003,7 @@ def test_memory_reads_the_total_and_the_peak_of_the_largest_compiled_step(tmp_pa
     """XLA's buffer-assignment dumps, as it writes them (numbers from a real
     dump): the total and the peak usage both come from the module with the
     largest total, the peak's digits grouped by spaces."""
-    from benchmarks.suite import memory
+    from benchmarks.harness import xla_memory
 
     def dump(name, total, peak):
         path = tmp_path / f"module_{name}.train_step.cpu_after_optimizations-buffer-assignment.txt"
@@ -1014,8 +1014,8 @@ def test_memory_reads_the_total_and_the_peak_of_the_largest_compiled_step(tmp_pa
 
     dump("0001", 3225614, "2 571 526")
     dump("0002", 1024, "1 000")  # a smaller compiled version of the step
-    assert memory.xla_total(str(tmp_path)) == 3225614
-    assert memory.xla_peak(str(tmp_path)) == 2571526
+    assert xla_memory.xla_total(str(tmp_path)) == 3225614
+    assert xla_memory.xla_peak(str(tmp_path)) == 2571526
 
 
 def test_the_memory_table_gives_the_live_at_peak_ratio_where_it_was_read():

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 
-from benchmarks.harness import ablations
+from benchmarks.harness import ablations, xla_memory
 from benchmarks.suite.records import Memory
 
 MODELS = ("cnn_batchnorm", "transformer", "mlp_50")
@@ -137,45 +135,6 @@ def _write_breakdown(models: list[str], used: dict, out: str = BREAKDOWN_RESULTS
     )
 
 
-def xla_total(dump: str, name: str = "train_step") -> int:
-    """The largest "Total bytes used" of XLA modules named like `name` in `dump`."""
-    return _largest_buffer_assignment(dump, name)[0]
-
-
-def xla_peak(dump: str, name: str = "train_step") -> int:
-    """XLA's "peak usage" (bytes live at once) of the module `xla_total` reads."""
-    text = _largest_buffer_assignment(dump, name)[1]
-    found = re.search(r"peak usage: ([\d ]+) bytes", text)
-    if not found:
-        raise RuntimeError(f"XLA's buffer assignment for {name} states no peak usage")
-    return int(found.group(1).replace(" ", ""))
-
-
-def _largest_buffer_assignment(dump: str, name: str) -> tuple[int, str]:
-    """(total bytes, text) of the buffer assignment of `name` with the largest total."""
-    found = []
-    for path in glob.glob(os.path.join(dump, f"*{name}*buffer-assignment.txt")):
-        with open(path) as f:
-            text = f.read()
-        total = re.search(r"Total bytes used: (\d+)", text)
-        if total:
-            found.append((int(total.group(1)), text))
-    if not found:
-        raise RuntimeError(f"XLA wrote no buffer assignment for {name}")
-    return max(found, key=lambda pair: pair[0])
-
-
-def high_water_mb() -> float:
-    """This process's peak resident set (VmHWM), MiB.
-
-    Not `resource.getrusage().ru_maxrss`: Linux keeps that across `exec`, so a
-    child started from a large parent reports the parent's peak.
-    """
-    with open("/proc/self/status") as f:
-        found = re.search(r"VmHWM:\s+(\d+) kB", f.read())
-    return int(found.group(1)) / 1024.0 if found else float("nan")
-
-
 def _instrumented_keras_lso():
     from benchmarks.harness import scaling
 
@@ -200,15 +159,15 @@ def _probe(model_name: str, method_name: str, steps: int) -> dict:
     model, optimizer = method.build(builder)
     step = xla_step.compiled_step(model, optimizer, cost.loss_for(y, model))
     x, y = tf.constant(x), tf.constant(y)
-    before = high_water_mb()
+    before = xla_memory.high_water_mb()
     for _ in range(steps):
         step(x, y).numpy()
-    peak = high_water_mb()
+    peak = xla_memory.high_water_mb()
     return {
         "model": model_name,
         "method": method_name,
-        "xla_bytes": xla_total(os.environ["XLA_DUMP_DIR"]),
-        "xla_peak_bytes": xla_peak(os.environ["XLA_DUMP_DIR"]),
+        "xla_bytes": xla_memory.xla_total(os.environ["XLA_DUMP_DIR"]),
+        "xla_peak_bytes": xla_memory.xla_peak(os.environ["XLA_DUMP_DIR"]),
         "peak_rss_mb": peak,
         "rss_growth_mb": peak - before,
     }
