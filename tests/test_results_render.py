@@ -69,9 +69,9 @@ def _loss_span_float16_heads() -> str:
 
 
 def _hard_outcomes() -> str:
-    from benchmarks import hard_outcomes
+    from benchmarks.hard_outcomes import report
 
-    return hard_outcomes.markdown(_json("hard_outcomes.json"))
+    return report.markdown(_json("hard_outcomes.json"))
 
 
 def _real_models() -> str:
