@@ -876,7 +876,7 @@ ENTRY %main (a: f32[4]) -> f32[4] {{
 
 def test_the_wrap_sweep_builds_tiny_backbones_and_says_what_a_constructor_lacks():
     pytest.importorskip("keras_hub")
-    from benchmarks import wrap_sweep
+    from benchmarks.profiles import wrap_sweep
 
     backbone = wrap_sweep.tiny_backbone("LlamaBackbone")
     assert (backbone.num_layers, backbone.hidden_dim, backbone.num_key_value_heads) == (2, 32, 1)
@@ -887,7 +887,7 @@ def test_the_wrap_sweep_builds_tiny_backbones_and_says_what_a_constructor_lacks(
 def test_the_wrap_sweep_row_of_a_small_model_keeps_its_weights_and_has_both_skip_counts():
     import keras
 
-    from benchmarks import wrap_sweep
+    from benchmarks.profiles import wrap_sweep
 
     def make(input_scale=None):
         inputs = keras.Input((8, 8, 3))
@@ -936,7 +936,7 @@ def _xspace(lines: dict[str, list[tuple[str, float, float]]]):
 
 
 def test_the_step_profile_splits_a_step_into_python_launch_program_and_kernel_kinds():
-    from benchmarks import step_profile
+    from benchmarks.profiles import step_profile
 
     space = _xspace(
         {
@@ -970,7 +970,7 @@ def test_the_step_profile_splits_a_step_into_python_launch_program_and_kernel_ki
 
 
 def test_the_step_profile_compares_each_variant_with_keras_over_instances():
-    from benchmarks import step_profile
+    from benchmarks.profiles import step_profile
 
     steps = {}
     for k, offset in enumerate((0.0, 40.0)):  # two instances of each
@@ -1035,7 +1035,7 @@ def test_the_trace_profile_splits_a_first_step_and_counts_keras_als_s_branches(c
     TensorFlow's runtime is found (else `graph` reads 0), keras_als's step
     builds more conditionals than Keras's apply-or-skip, and only its profile
     lists keras_als's functions."""
-    from benchmarks import trace_profile
+    from benchmarks.profiles import trace_profile
 
     rows = {m: trace_profile.first_step("gpt2_tiny", m, top=3) for m in trace_profile.METHODS}
     for row in rows.values():

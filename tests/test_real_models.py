@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from benchmarks import wrap_sweep
 from benchmarks.harness.scaling import prebuild
+from benchmarks.profiles import wrap_sweep
 from benchmarks.real_models import architectures, programs, skips
 from keras_als import _scale_state, _step_record, policies
 from tests import models
@@ -345,7 +345,7 @@ def test_vgg16_without_normalization_skips_no_more_steps_than_keras_in_its_first
     """VGG16 at 32x32 has no normalization layer: under Adam its first blocks'
     gradients grow about 2**11-fold over its first 20 steps, faster than a
     fixed measuring period follows (it skipped step 10 that way; Keras none).
-    `benchmarks.wrap_sweep`'s run, mixed_float16, XLA, batch 8, the same
+    `benchmarks.profiles.wrap_sweep`'s run, mixed_float16, XLA, batch 8, the same
     weights and batches (the sweep runs 50 steps): every weight kept and the
     plain model's outputs after instrumenting, and over the first 25 steps,
     which hold that growth, keras_als skips at most as many as Keras's
@@ -362,7 +362,7 @@ def test_vgg16_without_normalization_skips_no_more_steps_than_keras_in_its_first
 @pytest.mark.slow
 def test_on_a_llama_backbone_keras_writes_nan_into_the_embedding_and_keras_als_does_not():
     """The README's reading of the sweep's Llama rows, on the backbone itself:
-    a tiny KerasHub Llama backbone, `benchmarks.wrap_sweep`'s run over its
+    a tiny KerasHub Llama backbone, `benchmarks.profiles.wrap_sweep`'s run over its
     first 12 steps (mixed_float16, XLA, batch 8, the same weights and batches).
     Keras's LossScaleOptimizer ends with a weight that holds a non-finite value
     (it applied a non-finite embedding gradient: `tests/test_faults.py`);

@@ -96,7 +96,7 @@ def _flat_regions() -> str:
 
 
 def _step_profile() -> str:
-    from benchmarks import step_profile
+    from benchmarks.profiles import step_profile
 
     return step_profile.markdown(_json("step_profile.json"))
 

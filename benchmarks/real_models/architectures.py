@@ -3,7 +3,7 @@
 `builder(name)` returns a model builder (`MODELS`, `OTHER_FAMILIES`, `TASKS`),
 `data(name, batches)` its batches, and `build` a model and optimizer of either
 method from the same weights. The test suite (`tests/test_real_models.py`),
-`benchmarks.step_profile` and `benchmarks.wrap_sweep` build them from here."""
+`benchmarks.profiles.step_profile` and `benchmarks.profiles.wrap_sweep` build them from here."""
 
 from __future__ import annotations
 
