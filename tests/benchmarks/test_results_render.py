@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-RESULTS = pathlib.Path(__file__).parent.parent / "benchmarks" / "results"
+RESULTS = pathlib.Path(__file__).parents[2] / "benchmarks" / "results"
 
 
 def _json(name: str):
