@@ -79,6 +79,20 @@ def test_no_modules_of_the_benchmarks_or_the_tests_import_each_other_in_a_circle
     assert _in_a_circle(_module_graph(folder)) == []
 
 
+LONGEST_FILE = 400
+"""Lines: the longest a module of the package, the benchmarks or the tests may be."""
+
+
+def test_no_python_file_of_the_package_the_benchmarks_or_the_tests_is_over_400_lines():
+    long = [
+        f"{path.relative_to(REPOSITORY)} ({lines} lines)"
+        for folder in ("keras_als", "benchmarks", "tests")
+        for path in sorted((REPOSITORY / folder).rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > LONGEST_FILE
+    ]
+    assert long == []
+
+
 def test_no_module_keeps_mutable_state_at_module_level():
     stores = [
         f"{module.__name__}.{name}"
