@@ -25,7 +25,14 @@ def fresh_keras_state():
 # Tests whose models take minutes to trace, compile or train on 2 cores, in
 # order of their cost (with two workers, ResNet50V2's bit-identity test took
 # 178 s, MobileNetV2's 147 s, the demo in a fresh environment 125 s).
-LONGEST = ("resnet50_v2", "mobilenet_v2", "vgg16", "test_real_models.py", "fresh_environment")
+LONGEST = (
+    "resnet50_v2",
+    "mobilenet_v2",
+    "vgg16",
+    "tests/test_real_models.py",
+    "tests/test_keras_hub_language_tasks.py",
+    "fresh_environment",
+)
 
 
 def pytest_collection_modifyitems(items):

@@ -1,11 +1,15 @@
 """Models as their users hold them, built tiny from their constructors (no
 download): KerasHub tasks (`TASKS`) and keras.applications classifiers with
-their own top (`APPLICATIONS`), each with the data it trains on and its loss.
+their own top (`APPLICATIONS`), each with the data it trains on and its loss;
+and KerasHub language tasks on the real models' tiny backbones, without
+dropout (`LANGUAGE_TASKS`), with their token batches.
 """
 
 import keras
+import numpy as np
 
-from benchmarks import hub_tasks
+from benchmarks.harness import hub_tasks
+from benchmarks.real_models import architectures
 
 SPARSE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 TASKS = {  # builder, data, loss (None: the task's own)
@@ -65,3 +69,40 @@ def compile_with(model: keras.Model, name: str, optimizer, jit_compile: bool = F
         jit_compile=jit_compile,
         **({"loss": loss} if loss is not None else {}),
     )
+
+
+LANGUAGE_TASKS = {  # task class, backbone class
+    "gpt2_causal_lm": ("GPT2CausalLM", "GPT2Backbone"),
+    "opt_causal_lm": ("OPTCausalLM", "OPTBackbone"),
+    "bert_masked_lm": ("BertMaskedLM", "BertBackbone"),
+    "bert_text_classifier": ("BertTextClassifier", "BertBackbone"),
+}
+
+
+def language_task(name):
+    """A tiny KerasHub task, without dropout (runs compared step by step
+    would draw different masks)."""
+    import keras_hub
+
+    task, backbone = (getattr(keras_hub.models, n) for n in LANGUAGE_TASKS[name])
+    keras.utils.set_random_seed(0)
+    backbone = backbone(**architectures.TINY_BACKBONE, dropout=0.0)
+    if name == "bert_text_classifier":
+        return task(backbone, num_classes=2, preprocessor=None, dropout=0.0)
+    return task(backbone=backbone, preprocessor=None)
+
+
+def language_task_batches(name, batches):
+    """Inputs and labels for `batches` batches of task `name`."""
+    rng = np.random.default_rng(0)
+    n, length = batches * architectures.BATCH, architectures.SEQUENCE
+    tokens = rng.integers(1, architectures.VOCABULARY, (n, length)).astype("int32")
+    x = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
+    if name.startswith("bert"):
+        x["segment_ids"] = np.zeros_like(tokens)
+    if name == "bert_text_classifier":
+        return x, rng.integers(0, 2, n)
+    if name == "bert_masked_lm":
+        x["mask_positions"] = np.tile(np.array([[1, 5]], "int32"), (n, 1))
+        return x, tokens[:, [1, 5]]
+    return x, np.roll(tokens, -1, axis=1)  # the next token

@@ -22,6 +22,7 @@ import keras_als
 from keras_als import _step_record
 
 PACKAGE = pathlib.Path(keras_als.__file__).parent
+REPOSITORY = pathlib.Path(__file__).parent.parent
 MUTABLE = (
     dict,
     list,
@@ -37,8 +38,9 @@ def _modules():
     return [importlib.import_module(f"keras_als.{m.name}") for m in pkgutil.iter_modules([PACKAGE])]
 
 
-def test_no_modules_of_the_package_import_each_other_in_a_circle():
-    graph = {m.__name__: _imports(pathlib.Path(m.__file__)) for m in _modules()}
+def _in_a_circle(graph: dict[str, set[str]]) -> list[str]:
+    """The modules of `graph` (module: the names it imports) that reach themselves
+    through the imports between its modules (other names are left out)."""
     graph = {name: {i for i in imports if i in graph} for name, imports in graph.items()}
 
     def reach(start):
@@ -50,8 +52,45 @@ def test_no_modules_of_the_package_import_each_other_in_a_circle():
                 todo.extend(graph[name])
         return seen
 
-    circles = sorted(name for name in graph if name in reach(name))
-    assert circles == [], circles
+    return sorted(name for name in graph if name in reach(name))
+
+
+def test_no_modules_of_the_package_import_each_other_in_a_circle():
+    graph = {m.__name__: _imports(pathlib.Path(m.__file__)) for m in _modules()}
+    assert _in_a_circle(graph) == []
+
+
+def _module_graph(folder: str) -> dict[str, set[str]]:
+    """Every module under `folder` of the repository (dotted name: what it
+    imports, imports inside functions too), read from the source, not imported."""
+    graph = {}
+    for path in sorted((REPOSITORY / folder).rglob("*.py")):
+        parts = path.relative_to(REPOSITORY).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[name] = _imports(path)
+    return graph
+
+
+@pytest.mark.parametrize("folder", ["benchmarks", "tests"])
+def test_no_modules_of_the_benchmarks_or_the_tests_import_each_other_in_a_circle(folder):
+    """Imports inside functions count: they only put the circle off until a call
+    (on the layout before issue 67 this named `benchmarks.cost`,
+    `benchmarks.memory`, `benchmarks.suite.tables` and `benchmarks.suite.targets`)."""
+    assert _in_a_circle(_module_graph(folder)) == []
+
+
+LONGEST_FILE = 400
+"""Lines: the longest a module of the package, the benchmarks or the tests may be."""
+
+
+def test_no_python_file_of_the_package_the_benchmarks_or_the_tests_is_over_400_lines():
+    long = [
+        f"{path.relative_to(REPOSITORY)} ({lines} lines)"
+        for folder in ("keras_als", "benchmarks", "tests")
+        for path in sorted((REPOSITORY / folder).rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > LONGEST_FILE
+    ]
+    assert long == []
 
 
 def test_no_module_keeps_mutable_state_at_module_level():

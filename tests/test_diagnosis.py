@@ -182,7 +182,7 @@ def test_diagnose_names_t5_s_attention_whose_float16_output_is_nan_and_the_fix_t
     decoder's self-attention and the cross-attention that a finite upstream
     output then exposes; with them in float32, keras_als trains it: every
     step applied, the loss finite and falling."""
-    from benchmarks import hub_tasks
+    from benchmarks.harness import hub_tasks
 
     keras.config.set_dtype_policy("mixed_float16")
     keras.utils.set_random_seed(0)

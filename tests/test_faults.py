@@ -250,7 +250,7 @@ def test_keras_loss_scale_optimizer_applies_a_nan_embedding_row_at_a_repeated_to
     row of the same token reads as finite. The step is applied, and Adam
     writes NaN into that token's embedding. (KerasHub Llama, Llama 3,
     Mistral and Phi-3 lose their embedding so under Keras's optimizer in
-    `benchmarks.wrap_sweep`.) If this test fails, Keras fixed it: update the
+    `benchmarks.profiles.wrap_sweep`.) If this test fails, Keras fixed it: update the
     README's sweep section."""
     keras.utils.set_random_seed(0)
     model = _embedding_model()

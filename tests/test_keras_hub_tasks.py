@@ -1,6 +1,6 @@
 """KerasHub tasks, as their users hold them, instrumented in place.
 
-Tiny tasks built from their constructors (`benchmarks.hub_tasks`; no
+Tiny tasks built from their constructors (`benchmarks.harness.hub_tasks`; no
 download): a RetinaNet detector, GPT-2 and Gemma causal LMs, a DeepLabV3
 segmenter and a ViT classifier, on pasted digits and the standard library's
 docstrings. Each keeps its class, methods, config and variable paths when
@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from benchmarks import hub_tasks
+from benchmarks.harness import hub_tasks
 from benchmarks.harness.scaling import prebuild
 from keras_als import policies
 from tests import models, tasks

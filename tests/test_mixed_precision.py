@@ -9,7 +9,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 import keras_als
-from benchmarks import fidelity
+from benchmarks.suite import fidelity
 from tests import models
 
 

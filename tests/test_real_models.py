@@ -17,11 +17,10 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from benchmarks import wrap_sweep
-from benchmarks.harness.scaling import prebuild
+from benchmarks.profiles import wrap_sweep
 from benchmarks.real_models import architectures, programs, skips
 from keras_als import _scale_state, _step_record, policies
-from tests import models
+from tests import in_place, models
 
 pytest.importorskip("keras_hub")
 
@@ -29,42 +28,6 @@ ALL = sorted(architectures.MODELS)
 # ResNet50V2's 23M weights make each XLA compile long: it runs in the slow set.
 FAST = [name for name in ALL if name != "resnet50_v2"]
 CNNS = ("mobilenet_v2", "resnet50_v2")
-
-
-def _outputs(model, x):
-    """`model`'s outputs on `x` through a traced call: the boundaries exist
-    only in traced functions, so an eager call would not run through them."""
-    return keras.ops.convert_to_numpy(tf.function(lambda x: model(x, training=False))(x))
-
-
-def _twice(build):
-    """Two models from `build()`, built under the same seed, the second given
-    the first's weights: (the one to instrument, its plain reference)."""
-    keras.utils.set_random_seed(0)
-    model = build()
-    keras.utils.set_random_seed(0)
-    plain = build()
-    plain.set_weights(model.get_weights())
-    return model, plain
-
-
-def _wrap_in_place(model):
-    """`wrap_model(model)`, checked to keep every weight object, path and order,
-    the model's class and its config."""
-    before, weights = models.description(model), list(model.weights)
-    assert keras_als.wrap_model(model) is model
-    assert models.description(model) == before
-    assert all(a is b for a, b in zip(model.weights, weights, strict=True))
-    return model
-
-
-def _assert_same_outputs(model, plain, x):
-    """Traced outputs of the instrumented model equal the plain one's within
-    float32 rounding (1e-6 relative: the boundaries' identity ops can change
-    how TensorFlow fuses the graph), and every layer with trainable weights of
-    its own, nested ones included, has a scale name."""
-    np.testing.assert_allclose(_outputs(model, x), _outputs(plain, x), rtol=1e-6, atol=1e-6)
-    assert len(models.scale_names(model)) == len(models.scaled_layers(model))
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -76,16 +39,16 @@ def test_wrap_model_keeps_every_weight_class_and_config_and_computes_the_same_ou
     float32 rounding; every layer with weights of its own gets a scale; the
     `.keras` file of the instrumented model is the plain model's (it loads
     without keras_als, to the plain model's outputs bit for bit)."""
-    model, plain = _twice(architectures.MODELS[name])
-    _wrap_in_place(model)
+    model, plain = in_place.twice(architectures.MODELS[name])
+    in_place.wrap_in_place(model)
     x, _ = architectures.data(name, 1)
     x = architectures.batch(x, 0)
-    _assert_same_outputs(model, plain, x)
+    in_place.assert_same_outputs(model, plain, x)
     path = tmp_path / f"{name}.keras"
     model.save(path)
     reloaded = keras.saving.load_model(path)
     assert "keras_als" not in json.dumps(reloaded.get_config(), default=str)
-    np.testing.assert_array_equal(_outputs(reloaded, x), _outputs(plain, x))
+    np.testing.assert_array_equal(in_place.outputs(reloaded, x), in_place.outputs(plain, x))
 
 
 def _recording_plans(optimizer):
@@ -100,20 +63,6 @@ def _recording_plans(optimizer):
 
     optimizer.scale_loss = recording
     return plans
-
-
-def _train(model, optimizer, x, y, steps, jit_compile=True):
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=jit_compile,
-    )
-    prebuild(model)  # one trace of the step instead of two
-    assert len(y) >= steps * architectures.BATCH, "fewer batches than steps"
-    for i in range(steps):
-        model.train_on_batch(
-            architectures.batch(x, i), y[i * architectures.BATCH :][: architectures.BATCH]
-        )
 
 
 # XLA compiles of the keras.applications models take minutes on 2 cores: those
@@ -162,7 +111,7 @@ def test_chosen_scales_and_scale_one_train_bit_identically_in_float32(name):
             keras.optimizers.Adam(1e-3), policy=policy, measure_every_n_steps=1
         )
         plans = _recording_plans(optimizer)
-        _train(model, optimizer, x, y, steps=3, jit_compile=False)
+        in_place.train(model, optimizer, x, y, steps=3, jit_compile=False)
         weights[str(policy)] = [keras.ops.convert_to_numpy(w) for w in model.weights]
         if policy == "max_safe":
             assert len(set(optimizer.layer_scales().values())) > 1  # scales that differ
@@ -186,14 +135,14 @@ def test_one_step_unscaled_gradients_match_the_plain_model_within_float32_roundi
     the same weights: a wrong small layer fails. Both gradients are computed
     with XLA for the KerasHub models and in a TensorFlow graph for
     MobileNetV2 (`JIT`: its two XLA compiles took 100 s of the test's 156)."""
-    model, plain = _twice(architectures.MODELS[name])
+    model, plain = in_place.twice(architectures.MODELS[name])
     keras_als.wrap_model(model)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
         keras.optimizers.SGD(0.0), policy=models.per_layer_fixed(model, default=1.0)
     )
     inputs, labels = architectures.data(name, 2)
     # A TensorFlow graph here, which spares one XLA compile of the model.
-    _train(model, optimizer, inputs, labels, steps=2, jit_compile=False)
+    in_place.train(model, optimizer, inputs, labels, steps=2, jit_compile=False)
     x, y = architectures.batch(inputs, 0), labels[: architectures.BATCH]
     assert len(set(optimizer.layer_scales().values())) > 2, optimizer.layer_scales()
     # Training moved BatchNorm's moving statistics in the instrumented model only.
@@ -275,10 +224,10 @@ def test_other_models_of_the_same_families_keep_every_weight_and_compute_the_sam
     """Instrumented in place, each keeps every weight object, path and order,
     its class and config, and computes a plain model's outputs (same weights)
     within float32 rounding; every layer with weights gets a scale."""
-    model, plain = _twice(architectures.OTHER_FAMILIES[name])
-    _wrap_in_place(model)
+    model, plain = in_place.twice(architectures.OTHER_FAMILIES[name])
+    in_place.wrap_in_place(model)
     x, _ = architectures.data(name, batches=1)  # the benchmark's inputs for this model
-    _assert_same_outputs(model, plain, x)
+    in_place.assert_same_outputs(model, plain, x)
 
 
 def _llama():
@@ -305,7 +254,7 @@ def test_a_llama_backbone_whose_layer_configs_do_not_round_trip_wraps_in_place_a
     plain model's outputs, a scale for every layer with weights (the
     projections inside each decoder block included), and under
     mixed_float16 with XLA the loss falls with at most one step skipped."""
-    model, plain = _twice(_llama)
+    model, plain = in_place.twice(_llama)
     try:
         keras.models.clone_model(next(x for x in plain.layers if isinstance(x, keras.Model)))
         print("this KerasHub's Llama layers round-trip their configs")
@@ -313,9 +262,9 @@ def test_a_llama_backbone_whose_layer_configs_do_not_round_trip_wraps_in_place_a
         print("clone_model fails on the Llama backbone:", type(error).__name__)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning fails the test
-        _wrap_in_place(model)
+        in_place.wrap_in_place(model)
     x = {key: np.ones((2, architectures.SEQUENCE), "int32") for key in model.input}
-    _assert_same_outputs(model, plain, x)
+    in_place.assert_same_outputs(model, plain, x)
     assert len(models.scaled_layers(model)) >= 2 * 7  # q, k, v, o and three feed-forward per block
 
     keras.config.set_dtype_policy("mixed_float16")
@@ -345,7 +294,7 @@ def test_vgg16_without_normalization_skips_no_more_steps_than_keras_in_its_first
     """VGG16 at 32x32 has no normalization layer: under Adam its first blocks'
     gradients grow about 2**11-fold over its first 20 steps, faster than a
     fixed measuring period follows (it skipped step 10 that way; Keras none).
-    `benchmarks.wrap_sweep`'s run, mixed_float16, XLA, batch 8, the same
+    `benchmarks.profiles.wrap_sweep`'s run, mixed_float16, XLA, batch 8, the same
     weights and batches (the sweep runs 50 steps): every weight kept and the
     plain model's outputs after instrumenting, and over the first 25 steps,
     which hold that growth, keras_als skips at most as many as Keras's
@@ -362,7 +311,7 @@ def test_vgg16_without_normalization_skips_no_more_steps_than_keras_in_its_first
 @pytest.mark.slow
 def test_on_a_llama_backbone_keras_writes_nan_into_the_embedding_and_keras_als_does_not():
     """The README's reading of the sweep's Llama rows, on the backbone itself:
-    a tiny KerasHub Llama backbone, `benchmarks.wrap_sweep`'s run over its
+    a tiny KerasHub Llama backbone, `benchmarks.profiles.wrap_sweep`'s run over its
     first 12 steps (mixed_float16, XLA, batch 8, the same weights and batches).
     Keras's LossScaleOptimizer ends with a weight that holds a non-finite value
     (it applied a non-finite embedding gradient: `tests/test_faults.py`);
@@ -379,156 +328,3 @@ def test_on_a_llama_backbone_keras_writes_nan_into_the_embedding_and_keras_als_d
     assert row["weights_not_finite"]["keras"] >= 1, row
     assert row["weights_not_finite"]["keras_als"] == 0, row
     assert row["keras_als"] <= row["keras"], row
-
-
-TASKS = {  # task class, backbone class
-    "gpt2_causal_lm": ("GPT2CausalLM", "GPT2Backbone"),
-    "opt_causal_lm": ("OPTCausalLM", "OPTBackbone"),
-    "bert_masked_lm": ("BertMaskedLM", "BertBackbone"),
-    "bert_text_classifier": ("BertTextClassifier", "BertBackbone"),
-}
-
-
-def _keras_hub_task(name):
-    """A tiny KerasHub task, without dropout (runs compared step by step
-    would draw different masks)."""
-    import keras_hub
-
-    task, backbone = (getattr(keras_hub.models, n) for n in TASKS[name])
-    keras.utils.set_random_seed(0)
-    backbone = backbone(**architectures.TINY_BACKBONE, dropout=0.0)
-    if name == "bert_text_classifier":
-        return task(backbone, num_classes=2, preprocessor=None, dropout=0.0)
-    return task(backbone=backbone, preprocessor=None)
-
-
-def _task_batches(name, batches):
-    """Inputs and labels for `batches` batches of task `name`."""
-    rng = np.random.default_rng(0)
-    n, length = batches * architectures.BATCH, architectures.SEQUENCE
-    tokens = rng.integers(1, architectures.VOCABULARY, (n, length)).astype("int32")
-    x = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
-    if name.startswith("bert"):
-        x["segment_ids"] = np.zeros_like(tokens)
-    if name == "bert_text_classifier":
-        return x, rng.integers(0, 2, n)
-    if name == "bert_masked_lm":
-        x["mask_positions"] = np.tile(np.array([[1, 5]], "int32"), (n, 1))
-        return x, tokens[:, [1, 5]]
-    return x, np.roll(tokens, -1, axis=1)  # the next token
-
-
-TIED = {  # the embedding a task calls again, or a head holds, by the end of its path
-    "gpt2_causal_lm": "token_embedding/embeddings",
-    "opt_causal_lm": "token_embedding/embeddings",
-    "bert_masked_lm": "token_embedding/embeddings",
-    "bert_text_classifier": None,
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TASKS))
-def test_a_keras_hub_task_keeps_its_tied_embedding_one_variable_and_trains_as_the_plain_one(
-    name,
-):
-    """KerasHub tasks call a backbone's layer again: GPT-2's and OPT's causal
-    LMs call the token embedding (OPT's sits inside its embeddings layer),
-    reversed, on the backbone's output, and BERT's masked LM head holds the
-    backbone's token embedding. Instrumented in place, the task keeps every
-    weight object, so the tied embedding stays one variable, and it trains.
-    Outputs equal the plain task's; float32, SGD, 3 steps: scales that
-    differ from layer to layer and scale 1 give bit-identical weights, and
-    both stay within 1e-5 of the plain task's (relative to its largest
-    weight)."""
-    model, plain = _keras_hub_task(name), _keras_hub_task(name)
-    plain.set_weights(model.get_weights())
-    _wrap_in_place(model)
-    tied = [v for v in model.trainable_variables if TIED[name] and v.path.endswith(TIED[name])]
-    assert len(tied) == (1 if TIED[name] else 0), [v.path for v in tied]
-    x, y = _task_batches(name, 3)
-    _assert_same_outputs(model, plain, architectures.batch(x, 0))
-
-    def train(model, policy=None):
-        optimizer = keras.optimizers.SGD(0.1)
-        if policy is not None:
-            optimizer = keras_als.AdaptiveLossScaleOptimizer(
-                optimizer, policy=policy, measure_every_n_steps=1
-            )
-        _train(model, optimizer, x, y, steps=3, jit_compile=False)
-        return optimizer, [np.asarray(w) for w in model.weights]
-
-    before = [np.asarray(v) for v in tied]
-    expected = train(plain)[1]
-    optimizer, chosen = train(model, models.per_layer_fixed(model, default=1.0))
-    assert len(set(optimizer.layer_scales().values())) > 1, optimizer.layer_scales()
-    for v, value in zip(tied, before):  # the one variable trained
-        assert np.any(np.asarray(v) != value), v.path
-    one = train(keras_als.wrap_model(_keras_hub_task(name)), policies.Fixed(default=1.0))[1]
-    for a, b in zip(chosen, one, strict=True):
-        np.testing.assert_array_equal(a, b)
-    largest = max(np.max(np.abs(w)) for w in expected)
-    error = max(np.max(np.abs(a - b)) for a, b in zip(chosen, expected, strict=True))
-    assert error <= 1e-5 * largest, error
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["bert_masked_lm", "gpt2_causal_lm", "opt_causal_lm"])
-def test_an_instrumented_keras_hub_language_model_saves_a_keras_file_of_the_task(name, tmp_path):
-    """The `.keras` file of an instrumented task is the task's own: it loads
-    as the task's class, with no keras_als in its config, the same weight
-    paths, and the plain task's outputs bit for bit; instrumented again, its
-    tied embedding is still one variable."""
-    model, plain = _keras_hub_task(name), _keras_hub_task(name)
-    plain.set_weights(model.get_weights())
-    keras_als.wrap_model(model)
-    x, _ = _task_batches(name, 1)
-    model.save(tmp_path / "task.keras")
-    reloaded = keras.saving.load_model(tmp_path / "task.keras")
-    assert type(reloaded) is type(model)
-    assert "keras_als" not in json.dumps(reloaded.get_config(), default=str)
-    assert [w.path for w in reloaded.weights] == [w.path for w in model.weights]
-    np.testing.assert_array_equal(_outputs(reloaded, x), _outputs(plain, x))
-    _wrap_in_place(reloaded)
-    tied = [v for v in reloaded.trainable_variables if v.path.endswith(TIED[name])]
-    assert len(tied) == 1, [v.path for v in tied]
-
-
-MORE_TASKS = [
-    "DebertaV3MaskedLM",  # a layer that makes weights in call
-    "FalconCausalLM",
-    "GemmaCausalLM",
-    "Qwen3_5CausalLM",  # a decoder that cannot be traced on symbolic shapes
-    "RobertaMaskedLM",
-    "XLMRobertaTextClassifier",
-]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", MORE_TASKS)
-def test_more_keras_hub_tasks_keep_every_weight_and_compute_the_same_outputs(name):
-    """Tasks of more families, on tiny backbones (`wrap_sweep.tiny_backbone`),
-    instrumented in place: every weight object, path and order, the class and
-    config kept; traced outputs equal a plain task's with the same weights
-    within float32 rounding; every layer with weights gets a scale."""
-    import keras_hub
-
-    task_class = getattr(keras_hub.models, name)
-    extra = {"num_classes": 2} if name.endswith("Classifier") else {}
-
-    def task():
-        backbone = wrap_sweep.tiny_backbone(task_class.backbone_cls.__name__)
-        return task_class(backbone=backbone, preprocessor=None, **extra)
-
-    model, plain = _twice(task)
-    _wrap_in_place(model)
-    rng = np.random.default_rng(0)
-    x = {}
-    for key, tensor in model.input.items():
-        shape = (2, *(architectures.SEQUENCE if d is None else d for d in tensor.shape[1:]))
-        if "mask" in key and key != "mask_positions":
-            x[key] = np.ones(shape, "int32")
-        elif key == "segment_ids":
-            x[key] = np.zeros(shape, "int32")
-        else:
-            x[key] = rng.integers(1, 4, shape).astype("int32")
-    _assert_same_outputs(model, plain, x)

@@ -6,6 +6,12 @@
 - `isolation`: seeds, fresh sessions, worker and fresh processes, build order.
 - `stats`: means, standard errors, differences paired by seed.
 - `provenance`: the machine and the keras_als code a result was measured on.
+- `xla_memory`: a compiled step's memory (XLA's buffer assignment) and the
+  process's peak resident set.
+- `zoo`: the small models and data of the suite, also trained by `heavy_tails`
+  and `hard_outcomes`.
+- `hub_tasks`: tiny KerasHub tasks (RetinaNet, GPT-2, Gemma, DeepLabV3, ViT,
+  T5) and their offline data, for `keras_hub_tasks`, `real_models` and the tests.
 
 Importing any of them quiets TensorFlow's C++ and Python logs.
 """

@@ -8,7 +8,7 @@ import math
 import keras
 import numpy as np
 
-from benchmarks import zoo
+from benchmarks.harness import zoo
 
 METHODS = ("float32", "mixed_no_scaling", "keras_lso", "keras_als")
 METHOD_LABELS = {

@@ -9,8 +9,7 @@ import keras
 import numpy as np
 
 import keras_als
-from benchmarks import zoo
-from benchmarks.harness import isolation, scaling
+from benchmarks.harness import isolation, scaling, zoo
 from benchmarks.heavy_tails.plan import METHODS, Setting, digits_data, teacher_mlp, teacher_mlp_data
 
 

@@ -5,7 +5,7 @@
     python -m benchmarks.keras_hub_tasks lora --quick
 
 Two studies of issue 40, on tiny tasks built from their constructors
-(`benchmarks.hub_tasks`, nothing downloaded), trained by `model.fit` with XLA
+(`benchmarks.harness.hub_tasks`, nothing downloaded), trained by `model.fit` with XLA
 and the task's own loss: KerasHub's RetinaNet detector on the pasted digits,
 scored by the detection benchmark's mAP (`retinanet`), and LoRA fine-tuning of
 a pretrained tiny Gemma causal LM on the standard library's docstrings, scored

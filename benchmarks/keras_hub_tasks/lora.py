@@ -21,8 +21,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from benchmarks import hub_tasks
-from benchmarks.harness import scaling
+from benchmarks.harness import hub_tasks, scaling
 from benchmarks.keras_hub_tasks import training
 
 SEEDS = (0, 1, 2, 3, 4)

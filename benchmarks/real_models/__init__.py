@@ -17,7 +17,7 @@ steps and in the rest), and the cost of keras_als over Keras's: step time
 with a standard error: `step_times`; with `--processes P`, in P fresh
 processes, the standard error from their spread: `step_times_in_processes`),
 compile time (first step in fresh processes, with and without XLA) and XLA
-step memory (fresh processes, see `benchmarks.memory`); `breakdown` times
+step memory (fresh processes, see `benchmarks.suite.memory`); `breakdown` times
 ablations that show what the step time is spent on (`step_breakdown`);
 `graph` counts the operations of each method's traced step (`graph_ops`). It
 writes benchmarks/results/real_models.json and .md; a run of one part keeps

@@ -3,7 +3,7 @@
 `builder(name)` returns a model builder (`MODELS`, `OTHER_FAMILIES`, `TASKS`),
 `data(name, batches)` its batches, and `build` a model and optimizer of either
 method from the same weights. The test suite (`tests/test_real_models.py`),
-`benchmarks.step_profile` and `benchmarks.wrap_sweep` build them from here."""
+`benchmarks.profiles.step_profile` and `benchmarks.profiles.wrap_sweep` build them from here."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def retinanet() -> keras.Model:
 
 def gemma_lora() -> keras.Model:
     """The Gemma causal LM of issue 40's LoRA section, LoRA enabled (`keras_hub_tasks.lora`)."""
-    from benchmarks import hub_tasks
+    from benchmarks.harness import hub_tasks
     from benchmarks.keras_hub_tasks import lora
 
     return lora.with_lora(hub_tasks.gemma_causal_lm())
@@ -175,7 +175,7 @@ def data(name: str, batches: int, seed: int = 0):
     training canvases of the pasted digits, with their boxes, for RetinaNet."""
     n = batches * batch_size(name)
     if name in TASKS:
-        from benchmarks import hub_tasks
+        from benchmarks.harness import hub_tasks
 
         if name == "retinanet":
             return hub_tasks.detection_data("train", n)

@@ -17,7 +17,7 @@ import time
 
 import keras
 
-from benchmarks import memory
+from benchmarks.harness import xla_memory
 from benchmarks.real_models.architectures import (
     BATCH,
     MODELS,
@@ -84,13 +84,13 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
         )
         model, _ = build(name, method, wrap=wrap)
         x, y = data(name, 1)
-        before = memory.high_water_mb()
+        before = xla_memory.high_water_mb()
         with ablation:
             for _ in range(5):
                 train_on_batch(model, x, y)
-        peak = memory.high_water_mb()
-        xla_bytes = memory.xla_total(dump, "one_step_on_data")
-        xla_peak_bytes = memory.xla_peak(dump, "one_step_on_data")
+        peak = xla_memory.high_water_mb()
+        xla_bytes = xla_memory.xla_total(dump, "one_step_on_data")
+        xla_peak_bytes = xla_memory.xla_peak(dump, "one_step_on_data")
     used = {"xla_bytes": xla_bytes, "xla_peak_bytes": xla_peak_bytes}
     print(json.dumps({**used, "peak_rss_mb": peak, "before_mb": before}))
 

@@ -23,7 +23,7 @@ def step_times(name: str, rounds: int = 100, seed: int = 0, instances: int = INS
 
     On this CPU one compiled instance can run a few percent faster or slower
     than another of the same configuration for as long as it lives (see
-    `benchmarks.cost`), so one instance per method would compare those draws.
+    `benchmarks.suite.cost`), so one instance per method would compare those draws.
     Every instance is built the same way (same weights, same batch); after
     warm-up each round runs one step of every instance in a shuffled order,
     in one process. The ratio and its standard error come from the instances'

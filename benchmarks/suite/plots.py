@@ -10,8 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.convergence import Run  # noqa: E402
-from benchmarks.fidelity import Measurement  # noqa: E402
+from benchmarks.suite.convergence import Run  # noqa: E402
+from benchmarks.suite.fidelity import Measurement  # noqa: E402
 
 
 def scales(runs: list[Run], path: str) -> str:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.convergence import Run
-from benchmarks.cost import Timing
-from benchmarks.fidelity import Measurement
-from benchmarks.memory import Memory
+from benchmarks.suite.convergence import Run
+from benchmarks.suite.fidelity import Measurement
+from benchmarks.suite.records import Memory, Timing
 from benchmarks.suite.targets import (
     BASELINE,
     OURS,

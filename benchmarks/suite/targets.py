@@ -9,11 +9,12 @@ import dataclasses
 import math
 import statistics
 
-from benchmarks.convergence import Run
-from benchmarks.cost import Timing, growth_exponent
-from benchmarks.fidelity import Measurement
+import numpy as np
+
 from benchmarks.harness import stats
-from benchmarks.memory import Memory
+from benchmarks.suite.convergence import Run
+from benchmarks.suite.fidelity import Measurement
+from benchmarks.suite.records import Memory, Timing
 
 OURS = "als_max_safe"
 """The keras_als configuration the targets judge: its default policy."""
@@ -171,6 +172,26 @@ MEMORY_PEAK_LIMIT = 1.02
 """Target 5's ratio of the bytes live at the step's busiest point (issue 43)."""
 
 
+def growth_exponent(timings: list[Timing]) -> float:
+    """Exponent k of overhead ~ layers**k: least-squares slope of log overhead
+    against log layers over every sweep size with a positive overhead.
+
+    All sizes, not only the two largest: there the overhead is a few percent
+    of the step, within the noise between instances, and the slope between two
+    such differences swung from "not measurable" to 1.22 between two runs.
+
+    Returns NaN when the largest size's overhead is not positive (lost in the
+    noise) or fewer than two sizes have a positive overhead.
+    """
+    ordered = sorted(timings, key=lambda t: t.layers)
+    positive = [t for t in ordered if t.overhead_ms > 0]
+    if not ordered or ordered[-1].overhead_ms <= 0 or len(positive) < 2:
+        return float("nan")
+    x = np.log([t.layers for t in positive])
+    y = np.log([t.overhead_ms for t in positive])
+    return float(np.polyfit(x, y, 1)[0])
+
+
 def target_step_time(
     timings: list[Timing], sweep: list[Timing], limit: float = STEP_LIMIT
 ) -> Target:
@@ -255,7 +276,7 @@ def targets(
 
 
 def judge(results: dict) -> list[Target]:
-    """All five targets of a suite run's results (`benchmarks.run`'s, or results.json loaded)."""
+    """All five targets of a suite run's results (the command's, or results.json loaded)."""
     return targets(
         results["measurements"],
         results["hard"],

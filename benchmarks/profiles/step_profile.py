@@ -25,7 +25,7 @@ instances of one configuration, as `wrapper_only` and `keras_spread` show.
 The profiler's own tracing makes every step slower; the parts are compared
 between the optimizers, both profiled alike.
 
-    python -m benchmarks.step_profile --models gpt2_tiny,mobilenet_v2
+    python -m benchmarks.profiles step_profile --models gpt2_tiny,mobilenet_v2
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def markdown(results: dict, kernels: int = 8) -> str:
     lines = [
         "# Where the step time goes (issue 12)",
         "",
-        "`python -m benchmarks.step_profile`: the steps of `benchmarks.real_models` "
+        "`python -m benchmarks.profiles step_profile`: the steps of `benchmarks.real_models` "
         "(mixed_float16, XLA, Adam, batch 8) under TensorFlow's profiler, which slows "
         "every step; median microseconds per step, the mean over compiled instances of "
         "each variant, and each variant's difference from Keras's. `program`: XLA running "

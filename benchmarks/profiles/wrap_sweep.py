@@ -16,7 +16,7 @@ constructors, mean-pooled):
    embedding row next to a finite row of the same token: see
    `tests/test_faults.py`).
 
-`python -m benchmarks.wrap_sweep [--steps N] [--models a,b]` (50 steps by
+`python -m benchmarks.profiles wrap_sweep [--steps N] [--models a,b]` (50 steps by
 default: the first 50 are issue 12's skip target) prints a table and
 writes benchmarks/results/wrap_sweep.md. A model that fails says where: in
 KerasHub itself (Keras's optimizer fails on it too), or in keras_als.
@@ -238,9 +238,9 @@ def try_model(make, steps: int) -> dict:
 
 def markdown(rows: dict, steps: int) -> str:
     lines = [
-        "# Many more models, briefly: wrap and train (`benchmarks.wrap_sweep`)",
+        "# Many more models, briefly: wrap and train (`benchmarks.profiles.wrap_sweep`)",
         "",
-        f"{steps} steps per model (`python -m benchmarks.wrap_sweep --steps {steps}`); "
+        f"{steps} steps per model (`python -m benchmarks.profiles wrap_sweep --steps {steps}`); "
         "mixed_float16, XLA, Adam 1e-3, batch 8, the same weights and batches for both.",
         "",
         "| model | weights kept | outputs equal | warnings | scales "
@@ -274,7 +274,7 @@ def _maker(name: str):
 def _in_fresh_process(name: str, steps: int) -> dict:
     """`try_model` of `name` in a process of its own: compiled steps of many
     large models in one process add up past the machine's memory."""
-    command = [sys.executable, "-m", "benchmarks.wrap_sweep", "--one", name]
+    command = [sys.executable, "-m", "benchmarks.profiles.wrap_sweep", "--one", name]
     done = subprocess.run(command + ["--steps", str(steps)], capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:

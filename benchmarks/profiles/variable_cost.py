@@ -1,6 +1,6 @@
 """What each variable a compiled step updates costs it, on this CPU.
 
-`python -m benchmarks.variable_cost [--rounds N]` compiles one small step
+`python -m benchmarks.profiles variable_cost [--rounds N]` compiles one small step
 (a 64x64 matrix product added to a variable, `jit_compile=True`) that also
 assigns 0, 4 or 16 small extra variables, and times calls of all three,
 interleaved in one process. It prints each one's median time per call and

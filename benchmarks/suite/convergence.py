@@ -19,8 +19,7 @@ import keras
 import numpy as np
 
 import keras_als
-from benchmarks import zoo
-from benchmarks.harness import isolation, scaling
+from benchmarks.harness import isolation, scaling, zoo
 
 
 @dataclasses.dataclass

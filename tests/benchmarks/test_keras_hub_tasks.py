@@ -119,8 +119,8 @@ def test_the_lora_study_runs_quick_end_to_end_and_renders_from_its_json(tmp_path
 
 
 def test_decoded_ground_truth_scores_a_map_of_one_and_shifted_boxes_score_less():
-    from benchmarks import hub_tasks
     from benchmarks.detection import canvases, metric
+    from benchmarks.harness import hub_tasks
     from benchmarks.keras_hub_tasks import retinanet
 
     truth = canvases.split("validation")
@@ -150,7 +150,7 @@ def test_the_cost_study_builds_each_section_s_model_with_its_loss_data_and_batch
     loss equals, within float32 rounding, that of the section's model built
     and compiled as the section does, on the same weights; the same variables
     train; and a step is a batch of the section's size."""
-    from benchmarks import hub_tasks
+    from benchmarks.harness import hub_tasks
     from benchmarks.keras_hub_tasks import lora, retinanet
     from benchmarks.real_models import architectures
 

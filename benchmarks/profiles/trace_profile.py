@@ -18,7 +18,7 @@ phases) and keras_als's functions that took the most of the trace. The
 profiler slows Python down, both methods alike; compare the methods, not the
 seconds with `--parts compile`'s.
 
-    python -m benchmarks.trace_profile --models resnet50_v2
+    python -m benchmarks.profiles trace_profile --models resnet50_v2
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def table(name: str, rows: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.trace_profile", description=__doc__.splitlines()[0]
+        prog="python -m benchmarks.profiles trace_profile", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "--models",

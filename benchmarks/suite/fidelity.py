@@ -6,7 +6,7 @@ underflow rate (share of elements non-zero in float32 and zero in the mixed run)
 
 - `float32_gradients`, `mixed_gradients`, `compare`: the building blocks (also
   used by tests/test_mixed_precision.py).
-- `measure_case`: the benchmark, every method on one `benchmarks.zoo.Case`, at
+- `measure_case`: the benchmark, every method on one `benchmarks.harness.zoo.Case`, at
   initialisation and after training; `measure_named_case` the same by the
   case's name (for a worker process: cases hold functions made at run time).
 """
@@ -19,8 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import zoo
-from benchmarks.harness import isolation, scaling, xla_step
+from benchmarks.harness import isolation, scaling, xla_step, zoo
 
 
 def float32_gradients(model, x, y, loss_fn) -> list[np.ndarray]:
@@ -227,6 +226,6 @@ def measure_case(
 def measure_named_case(
     name: str, methods: list[scaling.Method], train_steps: int
 ) -> list[Measurement]:
-    """`measure_case` on the `benchmarks.zoo` case called `name`."""
+    """`measure_case` on the `benchmarks.harness.zoo` case called `name`."""
     (case,) = [c for c in zoo.cases() if c.name == name]
     return measure_case(case, methods, train_steps)

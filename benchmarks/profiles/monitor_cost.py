@@ -1,6 +1,6 @@
 """Step time with and without `keras_als.ScaleMonitor`, interleaved in one process.
 
-`python -m benchmarks.monitor_cost [--blocks N]` trains two identical models
+`python -m benchmarks.profiles monitor_cost [--blocks N]` trains two identical models
 (mixed_float16, XLA, digits CNN), one with a ScaleMonitor (every_n_steps=10,
 which also turns on the optimizer's zero-share underflow measurement), and
 times alternating one-epoch blocks of `fit`. Prints the median ratio.
@@ -43,10 +43,11 @@ def model_and_optimizer():
     return model
 
 
-def main():
+def main(argv=None) -> None:
+    """Times blocks of `fit` with and without a ScaleMonitor, interleaved; prints the ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=15)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     keras.config.set_dtype_policy("mixed_float16")
     keras.utils.set_random_seed(0)
     data = load_digits()

@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-RESULTS = pathlib.Path(__file__).parent.parent / "benchmarks" / "results"
+RESULTS = pathlib.Path(__file__).parents[2] / "benchmarks" / "results"
 
 
 def _json(name: str):
@@ -69,9 +69,9 @@ def _loss_span_float16_heads() -> str:
 
 
 def _hard_outcomes() -> str:
-    from benchmarks import hard_outcomes
+    from benchmarks.hard_outcomes import report
 
-    return hard_outcomes.markdown(_json("hard_outcomes.json"))
+    return report.markdown(_json("hard_outcomes.json"))
 
 
 def _real_models() -> str:
@@ -96,19 +96,19 @@ def _flat_regions() -> str:
 
 
 def _step_profile() -> str:
-    from benchmarks import step_profile
+    from benchmarks.profiles import step_profile
 
     return step_profile.markdown(_json("step_profile.json"))
 
 
 def _memory_breakdown() -> str:
-    from benchmarks import memory
+    from benchmarks.suite import memory
 
     return memory.breakdown_markdown(_json("memory_breakdown.json"))
 
 
 def _step_breakdown() -> str:
-    from benchmarks import cost
+    from benchmarks.suite import cost
 
     return cost.breakdown_markdown(_json("step_breakdown.json"))
 

@@ -1,7 +1,7 @@
 """Runs the benchmark suite and writes RESULTS.md, results.json and the plots.
 
-    python -m benchmarks.run           # full suite, about 25 min on 2 CPU cores
-    python -m benchmarks.run --quick   # smaller budget, < 3 min (CI)
+    python -m benchmarks.suite           # full suite, about 25 min on 2 CPU cores
+    python -m benchmarks.suite --quick   # smaller budget, < 3 min (CI)
 
 The full run writes into benchmarks/results/, the quick one into
 benchmarks/results/quick/. The run prints every table and ends with one
@@ -19,15 +19,17 @@ import os
 import sys
 import time
 
-from benchmarks import (
+from benchmarks.harness import isolation, provenance, scaling, zoo
+from benchmarks.suite import (
     convergence,
     cost,
     fidelity,
     memory,
-    zoo,
+    plots,
+    results_md,
+    tables,
+    targets,
 )
-from benchmarks.harness import isolation, provenance, scaling
-from benchmarks.suite import plots, results_md, tables, targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +62,7 @@ FULL = Budget(
     steps_per_block=20,
     # Five: two Keras LSO instances of the residual CNN differed by up to 18%;
     # these models compile in seconds. The breakdown variants (als_every_step,
-    # als_fixed_global) would double that section: `python -m benchmarks.cost`.
+    # als_fixed_global) would double that section: `python -m benchmarks.suite.cost`.
     instances=5,
     breakdown=False,
     timing_models=None,
@@ -174,10 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         "results.json of an earlier run in the output folder",
     )
     args = parser.parse_args(argv)
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     folder = args.out or os.path.join(here, "results", "quick" if args.quick else "")
     os.makedirs(folder, exist_ok=True)
-    command = "python -m benchmarks.run" + (" --quick" if args.quick else "")
+    command = "python -m benchmarks.suite" + (" --quick" if args.quick else "")
 
     if args.render:
         results = results_md.load(os.path.join(folder, "results.json"))

@@ -1,0 +1,53 @@
+"""What a compiled step and its process hold in memory, read on the CPU.
+
+TensorFlow keeps no allocator statistics for the CPU, so a study reads XLA's
+buffer assignment of the compiled step (dumped with
+`XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text`) and the process's peak
+resident set from /proc. The suite's memory study (`benchmarks.suite.memory`)
+and the real models' (`benchmarks.real_models`) both read them so.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+
+def xla_total(dump: str, name: str = "train_step") -> int:
+    """The largest "Total bytes used" of XLA modules named like `name` in `dump`."""
+    return _largest_buffer_assignment(dump, name)[0]
+
+
+def xla_peak(dump: str, name: str = "train_step") -> int:
+    """XLA's "peak usage" (bytes live at once) of the module `xla_total` reads."""
+    text = _largest_buffer_assignment(dump, name)[1]
+    found = re.search(r"peak usage: ([\d ]+) bytes", text)
+    if not found:
+        raise RuntimeError(f"XLA's buffer assignment for {name} states no peak usage")
+    return int(found.group(1).replace(" ", ""))
+
+
+def _largest_buffer_assignment(dump: str, name: str) -> tuple[int, str]:
+    """(total bytes, text) of the buffer assignment of `name` with the largest total."""
+    found = []
+    for path in glob.glob(os.path.join(dump, f"*{name}*buffer-assignment.txt")):
+        with open(path) as f:
+            text = f.read()
+        total = re.search(r"Total bytes used: (\d+)", text)
+        if total:
+            found.append((int(total.group(1)), text))
+    if not found:
+        raise RuntimeError(f"XLA wrote no buffer assignment for {name}")
+    return max(found, key=lambda pair: pair[0])
+
+
+def high_water_mb() -> float:
+    """This process's peak resident set (VmHWM), MiB.
+
+    Not `resource.getrusage().ru_maxrss`: Linux keeps that across `exec`, so a
+    child started from a large parent reports the parent's peak.
+    """
+    with open("/proc/self/status") as f:
+        found = re.search(r"VmHWM:\s+(\d+) kB", f.read())
+    return int(found.group(1)) / 1024.0 if found else float("nan")

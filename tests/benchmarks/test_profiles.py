@@ -1,0 +1,142 @@
+"""The profiles (benchmarks/profiles): the wrap sweep and the step and trace
+profiles, on tiny models or synthetic traces."""
+
+import pytest
+
+
+def test_the_wrap_sweep_builds_tiny_backbones_and_says_what_a_constructor_lacks():
+    pytest.importorskip("keras_hub")
+    from benchmarks.profiles import wrap_sweep
+
+    backbone = wrap_sweep.tiny_backbone("LlamaBackbone")
+    assert (backbone.num_layers, backbone.hidden_dim, backbone.num_key_value_heads) == (2, 32, 1)
+    with pytest.raises(TypeError, match=r"CLIPBackbone needs \['vision_encoder'"):
+        wrap_sweep.tiny_backbone("CLIPBackbone")
+
+
+def test_the_wrap_sweep_row_of_a_small_model_keeps_its_weights_and_has_both_skip_counts():
+    import keras
+
+    from benchmarks.profiles import wrap_sweep
+
+    def make(input_scale=None):
+        inputs = keras.Input((8, 8, 3))
+        x = inputs if input_scale is None else keras.layers.Rescaling(input_scale)(inputs)
+        hidden = keras.layers.Conv2D(4, 3, activation="relu")(x)
+        pooled = keras.layers.GlobalAveragePooling2D()(hidden)
+        return keras.Model(inputs, keras.layers.Dense(10, dtype="float32")(pooled))
+
+    row = wrap_sweep.try_model(make, steps=3)
+    assert row["weights_equal"] and row["outputs_equal"] and row["warnings"] == 0
+    assert row["scales"] == 3  # the loss, the convolution, the head
+    # Standard-normal inputs through three small layers: every gradient times either
+    # optimizer's first scale (2^15) stays finite in float16, so no step is skipped.
+    assert (row["keras"], row["keras_als"]) == (0, 0)
+    assert row["weights_not_finite"] == {"keras": 0, "keras_als": 0}
+    # The count can see a skip: inputs times 10^4 make the convolution's float16
+    # gradient overflow on all three steps at either optimizer's scales.
+    spiked = wrap_sweep.try_model(lambda: make(input_scale=1e4), steps=3)
+    assert (spiked["keras"], spiked["keras_als"]) == (3, 3)
+    assert spiked["weights_not_finite"] == {"keras": 0, "keras_als": 0}
+    table = wrap_sweep.markdown({"small": row, "broken": {"error": "keras_als: ValueError"}}, 3)
+    assert f"| small | True | True | 0 | 3 | {row['keras']} / {row['keras_als']} | 0 / 0 |" in table
+    assert "| broken |  |  | | | keras_als: ValueError | |" in table
+
+
+def _xspace(lines: dict[str, list[tuple[str, float, float]]]):
+    """An XSpace with one plane and, per line, events `(name, start us, end us)`."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    ids = {}
+    for k, (line_name, events) in enumerate(lines.items()):
+        line = plane.lines.add(id=k, name=line_name, timestamp_ns=0)
+        for name, start, end in events:
+            if name not in ids:
+                ids[name] = len(ids) + 1
+                plane.event_metadata[ids[name]].id = ids[name]
+                plane.event_metadata[ids[name]].name = name
+            line.events.add(
+                metadata_id=ids[name],
+                offset_ps=int(start * 1e6),
+                duration_ps=int((end - start) * 1e6),
+            )
+    return space
+
+
+def test_the_step_profile_splits_a_step_into_python_launch_program_and_kernel_kinds():
+    from benchmarks.profiles import step_profile
+
+    space = _xspace(
+        {
+            "main": [
+                ("step:keras_als/0", 0, 1000),
+                ("one_step_on_data", 50, 950),  # Python's trace, not a kernel
+                ("EagerLocalExecute: __inference_one_step_on_data_12", 100, 900),
+                (step_profile.PROGRAM, 200, 800),
+                ("convert_multiply_fusion.3", 250, 350),
+                ("cond.2", 400, 600),
+                ("add_fusion.7", 450, 500),  # inside the branch
+                ("dot.4", 650, 750),
+                ("MatMul", 660, 740),  # the dot's library call: the dot's own time
+                ("fusion.9", 960, 990),  # after the program: not counted
+            ],
+            "worker": [("convert_multiply_fusion.5", 300, 320)],
+        }
+    )
+    (step,) = step_profile.split(space)["keras_als/0"]
+    expected = {
+        "step": 1000,
+        "launch": 200,  # 800 in the call, 600 of them the program's
+        "program": 600,
+        "python": 200,
+        "kernel:convert_multiply_fusion": 120,  # both lines
+        "kernel:cond": 150,
+        "kernel:add_fusion": 50,
+        "kernel:dot": 100,
+    }
+    assert step == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_step_profile_compares_each_variant_with_keras_over_instances():
+    from benchmarks.profiles import step_profile
+
+    steps = {}
+    for k, offset in enumerate((0.0, 40.0)):  # two instances of each
+        for v, extra in zip(step_profile.VARIANTS, (0.0, 100.0, 10.0, 30.0)):
+            steps[f"{v}/{k}"] = [
+                {"step": 1000 + offset + extra + d, "python": 300, "launch": 200, "program": 500}
+                for d in (-5, 0, 50)
+            ]
+    summary = step_profile.summarize(steps, 2)
+    assert summary["us"]["keras"]["step"] == pytest.approx(1020.0)  # medians 1000 and 1040
+    assert summary["difference_us"]["keras_als"]["step"] == pytest.approx(100.0)
+    assert summary["difference_us"]["optimizer_only"]["step"] == pytest.approx(30.0)
+    assert summary["keras_spread_us"]["step"] == pytest.approx(40.0)
+    table = step_profile.markdown({"models": {"gpt2_tiny": summary}})
+    assert "| step | 1020 | +100 | +10 | +30 | 40 |" in table
+    assert "| launch | 200 | +0 | +0 | +0 | 0 |" in table
+
+
+def test_the_trace_profile_splits_a_first_step_and_counts_keras_als_s_branches(capsys, monkeypatch):
+    """A tiny GPT-2's first step without XLA, for both methods: the time in
+    TensorFlow's runtime is found (else `graph` reads 0), keras_als's step
+    builds more conditionals than Keras's apply-or-skip, and only its profile
+    lists keras_als's functions."""
+    from benchmarks.profiles import trace_profile
+
+    rows = {m: trace_profile.first_step("gpt2_tiny", m, top=3) for m in trace_profile.METHODS}
+    for row in rows.values():
+        assert 0 < row["graph"] < row["seconds"] and row["trace"] > 0, row
+    assert rows["keras"]["conditionals"] >= 1
+    assert rows["keras_als"]["conditionals"] > rows["keras"]["conditionals"], rows
+    assert rows["keras"]["keras_als"] == [] and len(rows["keras_als"]["keras_als"]) == 3
+    printed = trace_profile.table("gpt2_tiny", rows)
+    assert "| keras_als |" in printed and "_apply_phases.py:run" in printed
+    profiled = []
+    monkeypatch.setattr(trace_profile, "first_step", lambda *args: profiled.append(args))
+    with pytest.raises(SystemExit):
+        trace_profile.main(["--models", "gpt2_tiny,vgg16"])
+    assert "Unknown model 'vgg16'" in capsys.readouterr().err
+    assert profiled == []  # refused before profiling the valid name given first
