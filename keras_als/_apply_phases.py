@@ -85,7 +85,7 @@ def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
     the same values, so no gradient enters the measuring branch. Flattened
     first (and joined into one vector per component, as commit 0303235 did),
     the same reductions made the small Transformer's step 1.15x Keras's
-    instead of 1.02x (`python -m benchmarks.cost --models transformer
+    instead of 1.02x (`python -m benchmarks.suite.cost --models transformer
     --instances 3`).
     """
     weight_grads = [[] for _ in plan.components]

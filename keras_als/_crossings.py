@@ -16,7 +16,7 @@ result, so XLA runs the branch where the gradient arrives and can free it
 there. Without that, XLA schedules a branch where its results are read,
 after backprop, and keeps its operands alive until then: the small
 Transformer's step memory is 1.034x Keras's in total and 1.038x at its
-peak, and is 0.989x and 0.985x so (`python -m benchmarks.memory --breakdown
+peak, and is 0.989x and 0.985x so (`python -m benchmarks.suite.memory --breakdown
 transformer`, the `crossings_never_wait` variant). Making every group wait
 so raises the digits CNN's peak from 1.054x to 1.203x of Keras's, where
 lone gradients only leave it at 1.054x. One branch per
