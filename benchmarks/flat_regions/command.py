@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     folder = args.out or os.path.join(here, "results", "quick" if args.quick else "")
     os.makedirs(folder, exist_ok=True)
+    results = kept_from_earlier(results, os.path.join(folder, "flat_regions.json"), args.models)
     text = report.markdown(results)
     with open(os.path.join(folder, "flat_regions.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -63,3 +64,22 @@ def main(argv: list[str] | None = None) -> int:
         f.write(text)
     print(text)
     return 0
+
+
+def kept_from_earlier(results: dict, path: str, models: list[str]) -> dict:
+    """`results`, with the runs of the models not run now kept from the file
+    at `path` (if any), and which command and date made those (`"kept"`), so
+    that each model can run in a process of its own."""
+    if not os.path.exists(path):
+        return results
+    with open(path) as f:
+        earlier = json.load(f)
+    others = [r for r in earlier["runs"] if r["model"] not in models]
+    if not others:
+        return results
+    kept = sorted({r["model"] for r in others})
+    source = earlier.get("kept", []) + [
+        {"models": kept, "command": earlier["command"], "date": earlier["date"]}
+    ]
+    source = [k for k in source if set(k["models"]) & set(kept)]
+    return results | {"runs": results["runs"] + others, "kept": source}

@@ -93,6 +93,10 @@ def markdown(results: dict) -> str:
         f"- Machine: {results['environment']}",
         f"- keras_als measured: {results['provenance']}",
     ]
+    for kept in results.get("kept", []):
+        lines.append(
+            f"- Runs of {', '.join(kept['models'])} kept from `{kept['command']}` ({kept['date']})"
+        )
     for model in plan.MODELS:
         if not any(r["model"] == model for r in rows):
             continue

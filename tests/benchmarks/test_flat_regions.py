@@ -1,11 +1,12 @@
 """The flat-regions study (`benchmarks/flat_regions`): its data, its tables, one tiny run."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 
-from benchmarks.flat_regions import models, plan, report
+from benchmarks.flat_regions import command, models, plan, report
 
 
 def test_the_canvases_background_is_exactly_zero_and_the_targets_match_the_digits():
@@ -93,4 +94,29 @@ def test_one_seed_of_the_study_runs_every_method_on_the_vit():
             "environment": "e",
             "provenance": "p",
         }
+    )
+
+
+def test_a_run_of_one_model_keeps_the_other_models_runs_and_says_from_which_command(tmp_path):
+    path = tmp_path / "flat_regions.json"
+    earlier = {
+        "command": "python -m benchmarks.flat_regions --models swin vit",
+        "date": "then",
+        "runs": [_row("swin", "float32", 1, 2.0, 0), _row("vit", "float32", 1, 2.3, 0)],
+    }
+    path.write_text(json.dumps(earlier))
+    now = {"command": "python -m benchmarks.flat_regions --models vit", "date": "now"}
+    merged = command.kept_from_earlier(
+        now | {"runs": [_row("vit", "float32", 1, 2.2, 0)]}, str(path), ["vit"]
+    )
+    assert [(r["model"], r["outcome"]) for r in merged["runs"]] == [("vit", 2.2), ("swin", 2.0)]
+    assert merged["kept"] == [{"models": ["swin"], "command": earlier["command"], "date": "then"}]
+    # Run swin next: the vit rows (made now) are kept, and nothing of the first file.
+    path.write_text(json.dumps(merged))
+    again = command.kept_from_earlier(
+        {"command": "swin", "date": "later", "runs": []}, str(path), ["swin"]
+    )
+    assert again["kept"] == [{"models": ["vit"], "command": now["command"], "date": "now"}]
+    assert command.kept_from_earlier(now | {"runs": []}, str(tmp_path / "none"), ["vit"]) == (
+        now | {"runs": []}
     )
