@@ -124,6 +124,14 @@ def counter(state, name: str) -> tf.Tensor:
     return tf.cast(counters(state)[COUNTERS.index(name)], tf.int32)
 
 
+def counter_value(state, name: str) -> int:
+    """The counter `name` of `COUNTERS` read on the host in one variable read
+    (0 before `build`), for callbacks that check it every batch."""
+    if not state.built:
+        return 0
+    return int(state.scale_state.numpy()[-_COUNTED + COUNTERS.index(name)])
+
+
 def recent_skips(state) -> tf.Tensor:
     """The recent skips window: 1 where that step (its number modulo `SKIP_WINDOW`) skipped."""
     return counters(state)[len(COUNTERS) :]

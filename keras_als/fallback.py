@@ -6,8 +6,9 @@ overflow started there at a scale below 1), or the steps keep being skipped
 (a forward pass that is not finite in float16 overflows at every scale), this
 callback runs `keras_als.diagnose` on a batch the user gives it, with the
 weights as they are, computes the layers it names in float32 and traces the
-training step again, once per new finding. Until then it reads one counter
-per batch.
+training step again, once per new finding. Until then it reads one variable
+before each batch, and leaves `fit`'s asynchronous dispatch of the other
+callbacks on (it has no `on_train_batch_end`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 import keras
 
-from keras_als import _telemetry
+from keras_als import _scale_state, _telemetry
 from keras_als.diagnosis import Diagnosis, diagnose
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
 
@@ -25,7 +26,8 @@ class Float32Fallback(keras.callbacks.Callback):
     """Computes in float32, during `fit`, the layers whose gradients or outputs
     float16 cannot hold, as `keras_als.diagnose` measures them.
 
-    After a batch whose step was skipped it reads the optimizer's telemetry.
+    Before each batch, if the step before it was skipped, it reads the
+    optimizer's telemetry.
     If it names layers beyond float16's range that it has not seen yet, or
     `skipped_in_a_row` steps in a row were skipped, it diagnoses `(x, y)` with
     the current weights; the layers found (not yet in float32) get
@@ -104,7 +106,10 @@ class Float32Fallback(keras.callbacks.Callback):
         self._diagnoses = 0
         self._skipped = self._skipped_steps()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_begin(self, batch, logs=None):
+        # Not on_train_batch_end: a callback with one makes `fit` wait for and
+        # convert every batch's logs on the host. The step before this batch
+        # has run, and `fit` reads `train_function` after this returns.
         if self._diagnoses >= self.rounds:
             return
         skipped = self._skipped_steps()
@@ -129,9 +134,7 @@ class Float32Fallback(keras.callbacks.Callback):
             print(f"keras_als.Float32Fallback, at step {telemetry['steps']}: {found}")
 
     def _skipped_steps(self) -> int:
-        if not self.model.optimizer.built:
-            return 0
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.skipped_steps))
+        return _scale_state.counter_value(self.model.optimizer, "skipped_steps")
 
 
 def _float32_paths(applied: list[tuple[int, list[str]]]) -> set[str]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import keras_als
+from keras_als import _scale_state
 from keras_als import fallback as fallback_module
 
 
@@ -57,6 +58,19 @@ def test_a_layer_whose_float16_output_overflows_goes_to_float32_and_every_later_
     assert np.isfinite(model.evaluate(x, y, verbose=0))
 
 
+def test_it_reads_the_skip_counter_before_each_batch_and_leaves_fit_s_async_logs_on():
+    # A callback with its own on_train_batch_end makes fit convert every
+    # batch's logs on the host; the fallback checks before the next batch.
+    default = keras.callbacks.Callback.on_train_batch_end
+    assert keras_als.Float32Fallback.on_train_batch_end is default
+    model, optimizer, x, y = _dense_model(1e5)
+    assert _scale_state.counter_value(optimizer, "skipped_steps") == 0  # before build
+    model.fit(x[:12], y[:12], batch_size=4, verbose=0)  # every step overflows
+    assert _scale_state.counter_value(optimizer, "skipped_steps") == 3
+    assert _scale_state.counter_value(optimizer, "skipped_in_a_row") == 3
+    assert int(optimizer.skipped_steps.numpy()) == 3
+
+
 def test_it_does_nothing_and_diagnoses_nothing_where_float16_holds(monkeypatch):
     calls = []
     monkeypatch.setattr(fallback_module, "diagnose", lambda *a, **k: calls.append(a))
@@ -73,7 +87,7 @@ def test_it_stops_after_its_rounds_and_refuses_keras_s_optimizer_and_bad_argumen
     fallback = keras_als.Float32Fallback(x[:8], y[:8], skipped_in_a_row=1, rounds=1)
     fallback._diagnoses = 1  # as if this fit had diagnosed already
     fallback.set_model(model)
-    fallback.on_train_batch_end(0)
+    fallback.on_train_batch_begin(1)
     assert fallback.applied == []
     with pytest.raises(ValueError, match="whole numbers >= 1"):
         keras_als.Float32Fallback(x, y, skipped_in_a_row=0)
