@@ -70,9 +70,7 @@ QUICK = {"seeds": (1,), "blocks": 2, "steps_per_block": 5}
 """`--quick`: checks that the study runs; its numbers mean nothing."""
 
 
-def run_seed(
-    name: str, seed: int, blocks: int | None = None, steps_per_block: int | None = None
-):
+def run_seed(name: str, seed: int, blocks: int | None = None, steps_per_block: int | None = None):
     """Every method on model `name` and `seed`: a list of result dicts."""
     spec = MODELS[name]
     blocks = blocks or spec.blocks
