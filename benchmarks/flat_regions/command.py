@@ -77,9 +77,11 @@ def kept_from_earlier(results: dict, path: str, models: list[str]) -> dict:
     others = [r for r in earlier["runs"] if r["model"] not in models]
     if not others:
         return results
-    kept = sorted({r["model"] for r in others})
-    source = earlier.get("kept", []) + [
-        {"models": kept, "command": earlier["command"], "date": earlier["date"]}
+    kept = {r["model"] for r in others}
+    older = earlier.get("kept", [])  # what the earlier file itself kept
+    own = kept - {m for k in older for m in k["models"]}
+    source = [k | {"models": sorted(set(k["models"]) & kept)} for k in older] + [
+        {"models": sorted(own), "command": earlier["command"], "date": earlier["date"]}
     ]
-    source = [k for k in source if set(k["models"]) & set(kept)]
+    source = [k for k in source if k["models"]]
     return results | {"runs": results["runs"] + others, "kept": source}

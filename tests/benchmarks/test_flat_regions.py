@@ -117,6 +117,16 @@ def test_a_run_of_one_model_keeps_the_other_models_runs_and_says_from_which_comm
         {"command": "swin", "date": "later", "runs": []}, str(path), ["swin"]
     )
     assert again["kept"] == [{"models": ["vit"], "command": now["command"], "date": "now"}]
+    # A third model: each kept model is credited to the command that ran it.
+    swin_now = [_row("swin", "float32", 1, 2.1, 0)]
+    path.write_text(json.dumps(again | {"runs": swin_now + again["runs"]}))
+    third = command.kept_from_earlier(
+        {"command": "segformer", "date": "last", "runs": []}, str(path), ["segformer"]
+    )
+    assert third["kept"] == [
+        {"models": ["vit"], "command": now["command"], "date": "now"},
+        {"models": ["swin"], "command": "swin", "date": "later"},
+    ]
     assert command.kept_from_earlier(now | {"runs": []}, str(tmp_path / "none"), ["vit"]) == (
         now | {"runs": []}
     )
