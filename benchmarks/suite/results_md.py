@@ -20,6 +20,7 @@ SEPARATE = (
     "retinanet",
     "lora",
     "flat_regions",
+    "flat_regions_mechanism",
     "real_models",
     "memory_breakdown",
     "step_breakdown",

@@ -95,6 +95,12 @@ def _flat_regions() -> str:
     return report.markdown(_json("flat_regions.json"))
 
 
+def _flat_regions_mechanism() -> str:
+    from benchmarks.flat_regions import mechanism_report
+
+    return mechanism_report.markdown(_json("flat_regions_mechanism.json"))
+
+
 def _step_profile() -> str:
     from benchmarks.profiles import step_profile
 
@@ -124,6 +130,7 @@ def _step_breakdown() -> str:
         ("retinanet.md", _keras_hub_task("retinanet")),
         ("lora.md", _keras_hub_task("lora")),
         ("flat_regions.md", _flat_regions),
+        ("flat_regions_mechanism.md", _flat_regions_mechanism),
         ("real_models.md", _real_models),
         ("step_profile.md", _step_profile),
         ("memory_breakdown.md", _memory_breakdown),
