@@ -1,8 +1,9 @@
 """What overflows teach the scales: backing off, and headroom that decays.
 
 A component an overflow reached backs off (`back_off`); one where it started
-gains headroom, raised along the components it passed through
-(`after_overflow`), which shrinks again without overflows (`headroom_at`).
+(`overflow_origins`) gains headroom, raised along the components it passed
+through (`after_overflow`), which shrinks again without overflows
+(`headroom_at`).
 Public as `keras_als.policies`; the docstring examples run there.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from keras_als._policy_terms import power_of_two_floor
@@ -18,6 +20,61 @@ BACKOFF = 2.0**-4  # factor applied to the scale of every component an overflow 
 HEADROOM_STEP = 4.0  # binades of headroom a measured scale gains per overflow
 HEADROOM_DECAY_STEPS = 1000  # steps without an overflow per binade of headroom lost
 MAX_HEADROOM = 40.0  # most headroom a component can gain (binades)
+
+
+def overflow_origins(reached: tf.Tensor, downstream: tuple[tuple[int, ...], ...]) -> tf.Tensor:
+    """Where an overflow started: the components it reached that no gradient
+    from another reached component flowed into, except around a cycle.
+
+    `downstream[c]` lists the components whose gradient flows into component
+    `c` (`Statistics.downstream`). An overflow's non-finite values reach its
+    origin and everything upstream, so an origin is a reached component with
+    nothing reached downstream. Components can feed each other: a
+    transformer's residual stream is one component (its joins share a scale),
+    it feeds every branch (attention, MLP), and each branch's output joins it
+    again. Such components form one *group* (they lie on a cycle), and a
+    reached group with nothing reached downstream of any of its members,
+    outside the group, is where the overflow started: every reached member
+    is an origin. Without groups, a cycle would leave every reached component
+    with a reached one downstream, and an overflow in a transformer's
+    residual stream would have no origin: it would teach no headroom and
+    recur every time the scales rise again.
+
+        origin = reached, and nothing reached downstream of its group
+
+    Example:
+
+    >>> # 0: the loss; 1: a residual stream fed by the loss and by branch 2,
+    >>> # which it feeds; 3: an embedding below the stream.
+    >>> downstream = ((), (0, 2), (1,), (1,))
+    >>> reached = np.array([False, True, True, True])
+    >>> overflow_origins(reached, downstream).numpy()
+    array([False,  True,  True, False])
+    """
+    reached = tf.convert_to_tensor(reached, tf.bool)
+    across, together = (tf.constant(m, tf.float32) for m in _groups(downstream))
+    reached_below = tf.linalg.matvec(across, tf.cast(reached, tf.float32))
+    group_reached_below = tf.linalg.matvec(together, reached_below) > 0
+    return tf.logical_and(reached, tf.logical_not(group_reached_below))
+
+
+def _groups(downstream: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Two static matrices (computed when a step is traced): `across[c, d]` is 1
+    where gradient flows from component `d` into `c` and the two lie in
+    different groups; `together[c, d]` is 1 where `c` and `d` lie in one
+    group (on a cycle, or are the same component)."""
+    n = len(downstream)
+    flows = np.zeros((n, n), bool)
+    for c, feeding in enumerate(downstream):
+        flows[c, list(feeding)] = True
+    reach = flows | np.eye(n, dtype=bool)  # [c, d]: gradient from d gets to c
+    while True:  # transitive closure by squaring: at most log2(n) rounds
+        wider = (reach.astype(np.float32) @ reach.astype(np.float32)) > 0
+        if (wider == reach).all():
+            break
+        reach = wider
+    together = reach & reach.T
+    return (flows & ~together).astype(np.float32), together.astype(np.float32)
 
 
 def back_off(scale: tf.Tensor, safe_scale: tf.Tensor) -> tf.Tensor:

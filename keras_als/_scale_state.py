@@ -251,14 +251,13 @@ def learn_from_overflow(state, plan, reached, step) -> None:
     """On a skipped step: every component the overflow reached backs off, by
     `BACKOFF` and at least to the scale of its last measuring step (finite),
     so a scale that the last measurement raised far returns at once to one
-    that held (`policies.back_off`); where the overflow started (reached, and
-    nothing downstream was) the measured scales gain headroom and the other
+    that held (`policies.back_off`); where the overflow started
+    (`policies.overflow_origins`) the measured scales gain headroom and the other
     measured ones rise to at least one step of it (`policies.after_overflow`);
     telemetry notes the origin."""
     safe = per_component(plan, row(state, "safe_scale"))
     scales = tf.where(reached, policies.back_off(plan.scales, safe), plan.scales)
-    reached_below = tf.linalg.matvec(plan.downstream_matrix(), tf.cast(reached, tf.float32)) > 0
-    origin = tf.logical_and(reached, tf.logical_not(reached_below))
+    origin = policies.overflow_origins(reached, plan.downstream())
     measured = per_component(plan, row(state, "measured")) > 0
     headroom = policies.after_overflow(
         headroom_of(state, plan),

@@ -47,7 +47,13 @@ import numpy as np  # noqa: F401 (the docstring examples, which run here, use it
 import tensorflow as tf
 
 from keras_als import _overflows, _policy_rules, _policy_terms
-from keras_als._overflows import Headroom, after_overflow, back_off, headroom_at
+from keras_als._overflows import (
+    Headroom,
+    after_overflow,
+    back_off,
+    headroom_at,
+    overflow_origins,
+)
 from keras_als._policy_rules import ApproxRange, Fixed, MaxSafe
 from keras_als._policy_terms import Statistics, power_of_two_floor
 
@@ -72,6 +78,7 @@ __all__ = [
     "get",
     "headroom_at",
     "next_scale",
+    "overflow_origins",
     "power_of_two_floor",
     "rise_after_first_update",
 ]
@@ -207,4 +214,5 @@ _present_here(
     Headroom,
     headroom_at,
     after_overflow,
+    overflow_origins,
 )

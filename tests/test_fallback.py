@@ -102,8 +102,9 @@ def test_it_stops_after_its_rounds_and_refuses_keras_s_optimizer_and_bad_argumen
 def test_on_swin_it_moves_the_patch_embedding_to_float32_and_skips_fewer_steps_than_keras():
     """40 steps of Adam 1e-3 on the flat canvases, the same weights and
     batches: keras_als with the fallback sets the patch embedding (and the
-    first block, which overflows next) to float32 once, and skips fewer steps
-    than Keras's optimizer (which skips 30, halving its scale from 2**15)."""
+    first block, which overflows next) to float32 once, skips fewer steps
+    than Keras's optimizer (which skips 30, halving its scale from 2**15), and
+    none in the last 20 steps."""
     from benchmarks.flat_regions import models
 
     x, y = models.classification("train")
@@ -125,7 +126,8 @@ def test_on_swin_it_moves_the_patch_embedding_to_float32_and_skips_fewer_steps_t
     model.fit(x, y, batch_size=8, verbose=0, shuffle=False, callbacks=[fallback])
     skipped = int(optimizer.skipped_steps.numpy())
     print(f"skipped: keras_als with the fallback {skipped}, Keras {keras_skipped}")
-    [(step, layers)] = fallback.applied
+    [(_, layers)] = fallback.applied
     assert layers[:2] == ["patch_embedding/conv_projection", "patch_embedding/norm"], layers
-    assert skipped < keras_skipped and skipped <= step + 5, (skipped, keras_skipped, step)
+    last_overflow = max(optimizer.telemetry()["last_overflow_step"].values())
+    assert skipped < keras_skipped and last_overflow < 20, (skipped, keras_skipped, last_overflow)
     assert all(np.isfinite(w).all() for w in model.get_weights())

@@ -277,3 +277,43 @@ def test_the_policy_plans_for_gradients_two_to_the_headroom_times_larger():
         MaxSafe(), statistics, scale, headroom=np.array([0.0, 4.0], np.float32)
     ).numpy()
     assert held[0] == plain[0] and held[1] == plain[1] * 2.0**-4
+
+
+def test_an_overflow_in_a_chain_starts_at_the_reached_component_furthest_downstream():
+    """Chain loss 0 <- 1 <- 2 <- 3 (3 furthest upstream): an overflow in 1
+    reaches 1, 2 and 3 and started in 1 alone."""
+    downstream = ((), (0,), (1,), (2,))
+    reached = np.array([False, True, True, True])
+    origins = policies.overflow_origins(reached, downstream).numpy()
+    np.testing.assert_array_equal(origins, [False, True, False, False])
+
+
+def test_an_overflow_in_a_residual_stream_starts_in_its_whole_reached_group():
+    """A transformer: loss 0 <- head 1 <- residual stream 2, which feeds the
+    branches 3 (attention) and 4 (MLP) whose outputs join it again, <- patch
+    embedding 5. Components 2-4 lie on cycles: one group. An overflow that
+    reaches 2, 3, 4 and 5 started in the group (2, 3, 4), not in 5; with no
+    cycle detection no component would be an origin (each has a reached one
+    downstream)."""
+    downstream = ((), (0,), (1, 3, 4), (2,), (2,), (2,))
+    reached = np.array([False, False, True, True, True, True])
+    origins = policies.overflow_origins(reached, downstream).numpy()
+    np.testing.assert_array_equal(origins, [False, False, True, True, True, False])
+    only_stream = np.array([False, False, True, False, False, True])
+    np.testing.assert_array_equal(
+        policies.overflow_origins(only_stream, downstream).numpy(),
+        [False, False, True, False, False, False],
+    )
+
+
+def test_of_two_groups_in_series_an_overflow_starts_in_the_one_downstream():
+    """Groups {1, 2} and {3, 4} (each a stream and its branch), 3 fed by 1:
+    an overflow reaching both groups started in {1, 2}; reaching none, nowhere."""
+    downstream = ((), (0, 2), (1,), (1, 4), (3,))
+    reached = np.array([False, True, True, True, True])
+    np.testing.assert_array_equal(
+        policies.overflow_origins(reached, downstream).numpy(),
+        [False, True, True, False, False],
+    )
+    nothing = np.zeros(5, bool)
+    assert not policies.overflow_origins(nothing, downstream).numpy().any()
