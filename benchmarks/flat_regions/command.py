@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def kept_from_earlier(results: dict, path: str, models: list[str]) -> dict:
     """`results`, with the runs of the models not run now kept from the file
-    at `path` (if any), and which command and date made those (`"kept"`), so
-    that each model can run in a process of its own."""
+    at `path` (if any), and which command, date and keras_als code made those
+    (`"kept"`), so that each model can run in a process of its own."""
     if not os.path.exists(path):
         return results
     with open(path) as f:
@@ -81,7 +81,12 @@ def kept_from_earlier(results: dict, path: str, models: list[str]) -> dict:
     older = earlier.get("kept", [])  # what the earlier file itself kept
     own = kept - {m for k in older for m in k["models"]}
     source = [k | {"models": sorted(set(k["models"]) & kept)} for k in older] + [
-        {"models": sorted(own), "command": earlier["command"], "date": earlier["date"]}
+        {
+            "models": sorted(own),
+            "command": earlier["command"],
+            "date": earlier["date"],
+            "code": earlier.get("provenance", "unknown"),
+        }
     ]
     source = [k for k in source if k["models"]]
     return results | {"runs": results["runs"] + others, "kept": source}

@@ -95,7 +95,8 @@ def markdown(results: dict) -> str:
     ]
     for kept in results.get("kept", []):
         lines.append(
-            f"- Runs of {', '.join(kept['models'])} kept from `{kept['command']}` ({kept['date']})"
+            f"- Runs of {', '.join(kept['models'])} kept from `{kept['command']}` "
+            f"({kept['date']}{'; keras_als ' + kept['code'] if 'code' in kept else ''})"
         )
     for model in plan.MODELS:
         if not any(r["model"] == model for r in rows):

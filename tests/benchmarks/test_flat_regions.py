@@ -102,21 +102,30 @@ def test_a_run_of_one_model_keeps_the_other_models_runs_and_says_from_which_comm
     earlier = {
         "command": "python -m benchmarks.flat_regions --models swin vit",
         "date": "then",
+        "provenance": "commit aaa",
         "runs": [_row("swin", "float32", 1, 2.0, 0), _row("vit", "float32", 1, 2.3, 0)],
     }
     path.write_text(json.dumps(earlier))
-    now = {"command": "python -m benchmarks.flat_regions --models vit", "date": "now"}
+    now = {
+        "command": "python -m benchmarks.flat_regions --models vit",
+        "date": "now",
+        "provenance": "commit bbb",
+    }
     merged = command.kept_from_earlier(
         now | {"runs": [_row("vit", "float32", 1, 2.2, 0)]}, str(path), ["vit"]
     )
     assert [(r["model"], r["outcome"]) for r in merged["runs"]] == [("vit", 2.2), ("swin", 2.0)]
-    assert merged["kept"] == [{"models": ["swin"], "command": earlier["command"], "date": "then"}]
+    swin_then = {"models": ["swin"], "command": earlier["command"], "date": "then"}
+    assert merged["kept"] == [swin_then | {"code": "commit aaa"}]
     # Run swin next: the vit rows (made now) are kept, and nothing of the first file.
     path.write_text(json.dumps(merged))
     again = command.kept_from_earlier(
-        {"command": "swin", "date": "later", "runs": []}, str(path), ["swin"]
+        {"command": "swin", "date": "later", "provenance": "commit ccc", "runs": []},
+        str(path),
+        ["swin"],
     )
-    assert again["kept"] == [{"models": ["vit"], "command": now["command"], "date": "now"}]
+    vit_now = {"models": ["vit"], "command": now["command"], "date": "now", "code": "commit bbb"}
+    assert again["kept"] == [vit_now]
     # A third model: each kept model is credited to the command that ran it.
     swin_now = [_row("swin", "float32", 1, 2.1, 0)]
     path.write_text(json.dumps(again | {"runs": swin_now + again["runs"]}))
@@ -124,8 +133,8 @@ def test_a_run_of_one_model_keeps_the_other_models_runs_and_says_from_which_comm
         {"command": "segformer", "date": "last", "runs": []}, str(path), ["segformer"]
     )
     assert third["kept"] == [
-        {"models": ["vit"], "command": now["command"], "date": "now"},
-        {"models": ["swin"], "command": "swin", "date": "later"},
+        vit_now,
+        {"models": ["swin"], "command": "swin", "date": "later", "code": "commit ccc"},
     ]
     assert command.kept_from_earlier(now | {"runs": []}, str(tmp_path / "none"), ["vit"]) == (
         now | {"runs": []}
