@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "study": "flat_regions",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join(["python -m benchmarks.flat_regions", *(argv or sys.argv[1:])]),
+        "command": recorded_command(argv or sys.argv[1:]),
         "seconds": time.perf_counter() - start,
         "environment": provenance.environment(),
         "provenance": provenance.code(),
@@ -64,6 +64,20 @@ def main(argv: list[str] | None = None) -> int:
         f.write(text)
     print(text)
     return 0
+
+
+def recorded_command(argv: list[str]) -> str:
+    """The command that made the results, as anyone reruns it: without
+    `--out` (where they were written changes no number)."""
+    kept, skip = [], False
+    for argument in argv:
+        if skip:
+            skip = False
+        elif argument == "--out":
+            skip = True
+        elif not argument.startswith("--out="):
+            kept.append(argument)
+    return " ".join(["python -m benchmarks.flat_regions", *kept])
 
 
 def kept_from_earlier(results: dict, path: str, models: list[str]) -> dict:

@@ -139,3 +139,12 @@ def test_a_run_of_one_model_keeps_the_other_models_runs_and_says_from_which_comm
     assert command.kept_from_earlier(now | {"runs": []}, str(tmp_path / "none"), ["vit"]) == (
         now | {"runs": []}
     )
+
+
+def test_the_recorded_command_leaves_out_where_the_results_were_written():
+    assert command.recorded_command(["--models", "swin", "--out", "/tmp/x"]) == (
+        "python -m benchmarks.flat_regions --models swin"
+    )
+    assert command.recorded_command(["--out=/tmp/x", "--quick"]) == (
+        "python -m benchmarks.flat_regions --quick"
+    )
