@@ -11,9 +11,7 @@ fix), and what goes wrong in training is said once, as a `UserWarning`:
   layers all share the loss's one scale;
 - `warn_bfloat16`: the global policy is mixed_bfloat16, which needs no loss scale;
 - `warn_stuck`: the stuck rule of the telemetry fired (skips in a row, or
-  too many recent ones), said at the end of `fit` too, monitor or not;
-- `warn_beyond_float16`: not stuck, but overflows started at scales below 1
-  (`telemetry()["beyond_float16"]`), said at the end of `fit` too.
+  too many recent ones), said at the end of `fit` too, monitor or not.
 """
 
 from __future__ import annotations
@@ -97,32 +95,6 @@ def warn_bfloat16(optimizer) -> None:
 def warn_stuck(optimizer, message: str | None, stacklevel: int = 3) -> None:
     if message is not None:
         warn_once(optimizer, "stuck", message, stacklevel=stacklevel)
-
-
-def warn_beyond_float16(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
-    """Says once which layers' overflows started at a scale below 1, when the
-    scaling is not stuck (the stuck warning names them itself)."""
-    beyond = telemetry["beyond_float16"]
-    if telemetry["warning"] is not None or not beyond:
-        return
-    named = ", ".join(
-        f"{name} ({telemetry['overflows'][name]} overflows, scale now "
-        f"2**{round(math.log2(telemetry['scale'][name]))})"
-        for name in beyond[:8]
-    )
-    more = f" and {len(beyond) - 8} more" if len(beyond) > 8 else ""
-    warn_once(
-        optimizer,
-        "beyond_float16",
-        f"keras_als: overflows started at loss scales below 1 in {named}{more}: their "
-        "gradients exceeded float16's largest value (65504). Where a layer's small gradients "
-        "flush to zero at those scales too, no loss scale holds it and float16 loses its "
-        'gradients: compute it in float32 (layer.dtype_policy = "float32"). '
-        "keras_als.diagnose(model, x, y) measures which layers need it on a batch and its "
-        "apply(model) sets them; in fit, the callback keras_als.Float32Fallback(x, y) does "
-        "both when this happens.",
-        stacklevel=stacklevel,
-    )
 
 
 def build_in_step(optimizer, trainable_variables) -> None:

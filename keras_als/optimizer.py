@@ -266,12 +266,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             `estimate_underflow` is true (`ScaleMonitor` sets it). And for the
             whole model: `"skipped_steps"` (all), `"recent_skip_rate"` (share
             of the last `SKIP_WINDOW` steps skipped), `"skipped_in_a_row"`,
-            `"steps"` (applied and skipped), `"beyond_float16"`: the layers
-            whose overflows started at a scale below 1 (their gradients
-            exceed float16's largest value; said once as a `UserWarning`
-            that names the float32 fix, here and at the end of `fit`), and
-            `"warning"`: None, or why the scaling looks stuck (also raised
-            once as a `UserWarning`).
+            `"steps"` (applied and skipped), and `"warning"`: None, or why the
+            scaling looks stuck (also raised once as a `UserWarning`).
 
         Example:
 
@@ -282,18 +278,14 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """
         telemetry = _telemetry.read(self)
         _mistakes.warn_stuck(self, telemetry["warning"])
-        _mistakes.warn_beyond_float16(self, telemetry)
         return telemetry
 
     def finalize_variable_values(self, var_list):
-        # Keras calls this at the end of every `fit`: a stuck scaling, or layers
-        # beyond float16, are said there, whether a ScaleMonitor reads the
-        # telemetry or not.
+        # Keras calls this at the end of every `fit`: a stuck scaling is said
+        # there, whether a ScaleMonitor reads the telemetry or not.
         super().finalize_variable_values(var_list)
         if self.built:
-            telemetry = _telemetry.read(self)
-            _mistakes.warn_stuck(self, telemetry["warning"], stacklevel=4)
-            _mistakes.warn_beyond_float16(self, telemetry, stacklevel=4)
+            _mistakes.warn_stuck(self, _telemetry.read(self)["warning"], stacklevel=4)
 
     def summary(self, print_fn=print) -> None:
         """Prints one line per scale: its name, value, headroom and overflows.

@@ -235,30 +235,6 @@ def test_layers_that_overflowed_below_scale_one_are_beyond_float16_and_the_warni
     assert "beyond float16" not in _telemetry.stuck(telemetry, in_a_row_limit=20)
 
 
-def test_layers_beyond_float16_are_said_once_with_the_fix_when_the_scaling_is_not_stuck():
-    from keras_als import _mistakes
-
-    telemetry = _numbers({"loss": 2.0**-3, "patch": 2.0**-20}, {"loss": 0, "patch": 12})
-    telemetry |= {"beyond_float16": ["patch"], "warning": None}
-    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
-    with pytest.warns(UserWarning, match="overflows started at loss scales below 1") as said:
-        _mistakes.warn_beyond_float16(optimizer, telemetry)
-    message = str(said[0].message)
-    assert "patch (12 overflows, scale now 2**-20)" in message, message
-    assert 'layer.dtype_policy = "float32"' in message and "Float32Fallback(x, y)" in message
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        _mistakes.warn_beyond_float16(optimizer, telemetry)  # once per optimizer
-        stuck = telemetry | {"warning": "stuck"}  # the stuck warning names them itself
-        _mistakes.warn_beyond_float16(
-            keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD()), stuck
-        )
-        nothing = telemetry | {"beyond_float16": []}
-        _mistakes.warn_beyond_float16(
-            keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD()), nothing
-        )
-
-
 def test_building_under_mixed_bfloat16_warns_once_that_no_loss_scale_is_needed():
     keras.config.set_dtype_policy("mixed_bfloat16")
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())

@@ -29,8 +29,7 @@ def test_on_swin_overflows_in_the_residual_stream_teach_headroom_and_stop_recurr
     overflows on cycles had an origin, keras_als skipped every other step from
     step 10 on (about 65 of 120): each measurement at the floor, where the
     stream's gradients flush to zero, raised its scale 36 binades, into the
-    next overflow. Not stuck, it still says at the end of `fit` which layers
-    overflowed at scales below 1, and the float32 fix."""
+    next overflow."""
     from benchmarks.flat_regions import models
 
     steps = 120
@@ -49,10 +48,7 @@ def test_on_swin_overflows_in_the_residual_stream_teach_headroom_and_stop_recurr
     model.set_weights(weights)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
     model.compile(optimizer=optimizer, jit_compile=True)
-    with pytest.warns(UserWarning, match="overflows started at loss scales below 1") as said:
-        model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
-    [message] = [str(w.message) for w in said if "below 1" in str(w.message)]
-    assert "stage_0/blocks_0/norm1" in message and "keras_als.diagnose" in message, message
+    model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
     telemetry = optimizer.telemetry()
     skipped = telemetry["skipped_steps"]
     print(f"skipped: keras_als {skipped}, Keras {keras_skipped}")
