@@ -1,8 +1,9 @@
 """Models as their users hold them, built tiny from their constructors (no
 download): KerasHub tasks (`TASKS`) and keras.applications classifiers with
 their own top (`APPLICATIONS`), each with the data it trains on and its loss;
-and KerasHub language tasks on the real models' tiny backbones, without
-dropout (`LANGUAGE_TASKS`), with their token batches.
+KerasHub language tasks on the real models' tiny backbones, without
+dropout (`LANGUAGE_TASKS`), with their token batches; and the flat-regions
+study's Swin against Keras's `LossScaleOptimizer` (`swin_on_flat_canvases`).
 """
 
 import keras
@@ -69,6 +70,37 @@ def compile_with(model: keras.Model, name: str, optimizer, jit_compile: bool = F
         jit_compile=jit_compile,
         **({"loss": loss} if loss is not None else {}),
     )
+
+
+def swin_on_flat_canvases(steps: int, seed: int):
+    """KerasHub's Swin of the flat-regions study on `steps` batches of 8
+    canvases of exact zeros, under mixed_float16 (left set): Keras's
+    `LossScaleOptimizer` trains one (Adam 1e-3, XLA) with `fit`, and a second,
+    with the same initial weights, is wrapped and compiled with keras_als's.
+
+    Returns:
+        `(x, y, model, optimizer, keras_skipped)`: the batches, the keras_als
+        model and optimizer (not trained yet), and Keras's skipped steps.
+    """
+    import keras_als
+    from benchmarks.flat_regions import models
+
+    x, y = models.classification("train")
+    x, y = x[: 8 * steps], y[: 8 * steps]
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(seed)
+    plain = models.swin_classifier()
+    weights = plain.get_weights()
+    keras_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    plain.compile(optimizer=keras_optimizer, jit_compile=True)
+    plain.fit(x, y, batch_size=8, verbose=0, shuffle=False)
+    keras_skipped = steps - int(keras_optimizer.iterations.numpy())
+
+    model = keras_als.wrap_model(models.swin_classifier())
+    model.set_weights(weights)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=optimizer, jit_compile=True)
+    return x, y, model, optimizer, keras_skipped
 
 
 LANGUAGE_TASKS = {  # task class, backbone class

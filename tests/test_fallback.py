@@ -13,6 +13,7 @@ import pytest
 import keras_als
 from keras_als import _scale_state
 from keras_als import fallback as fallback_module
+from tests import tasks
 
 
 @pytest.fixture(autouse=True)
@@ -105,23 +106,7 @@ def test_on_swin_it_moves_the_patch_embedding_to_float32_and_skips_fewer_steps_t
     first block, which overflows next) to float32 once, skips fewer steps
     than Keras's optimizer (which skips 30, halving its scale from 2**15), and
     none in the last 20 steps."""
-    from benchmarks.flat_regions import models
-
-    x, y = models.classification("train")
-    x, y = x[: 8 * 40], y[: 8 * 40]
-    keras.config.set_dtype_policy("mixed_float16")
-    keras.utils.set_random_seed(5)
-    plain = models.swin_classifier()
-    weights = plain.get_weights()
-    keras_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    plain.compile(optimizer=keras_optimizer, jit_compile=True)
-    plain.fit(x, y, batch_size=8, verbose=0, shuffle=False)
-    keras_skipped = 40 - int(keras_optimizer.iterations.numpy())
-
-    model = keras_als.wrap_model(models.swin_classifier())
-    model.set_weights(weights)
-    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    model.compile(optimizer=optimizer, jit_compile=True)
+    x, y, model, optimizer, keras_skipped = tasks.swin_on_flat_canvases(steps=40, seed=5)
     fallback = keras_als.Float32Fallback(x[:8], y[:8], verbose=False)
     model.fit(x, y, batch_size=8, verbose=0, shuffle=False, callbacks=[fallback])
     skipped = int(optimizer.skipped_steps.numpy())

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-import keras_als
+from tests import tasks
 
 
 @pytest.fixture(autouse=True)
@@ -30,24 +30,8 @@ def test_on_swin_overflows_in_the_residual_stream_teach_headroom_and_stop_recurr
     step 10 on (about 65 of 120): each measurement at the floor, where the
     stream's gradients flush to zero, raised its scale 36 binades, into the
     next overflow."""
-    from benchmarks.flat_regions import models
-
     steps = 120
-    x, y = models.classification("train")
-    x, y = x[: 8 * steps], y[: 8 * steps]
-    keras.config.set_dtype_policy("mixed_float16")
-    keras.utils.set_random_seed(1)
-    plain = models.swin_classifier()
-    weights = plain.get_weights()
-    keras_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    plain.compile(optimizer=keras_optimizer, jit_compile=True)
-    plain.fit(x, y, batch_size=8, verbose=0, shuffle=False)
-    keras_skipped = steps - int(keras_optimizer.iterations.numpy())
-
-    model = keras_als.wrap_model(models.swin_classifier())
-    model.set_weights(weights)
-    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    model.compile(optimizer=optimizer, jit_compile=True)
+    x, y, model, optimizer, keras_skipped = tasks.swin_on_flat_canvases(steps, seed=1)
     model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
     telemetry = optimizer.telemetry()
     skipped = telemetry["skipped_steps"]
