@@ -11,7 +11,9 @@ fix), and what goes wrong in training is said once, as a `UserWarning`:
   layers all share the loss's one scale;
 - `warn_bfloat16`: the global policy is mixed_bfloat16, which needs no loss scale;
 - `warn_stuck`: the stuck rule of the telemetry fired (skips in a row, or
-  too many recent ones), said at the end of `fit` too, monitor or not.
+  too many recent ones), said at the end of `fit` too, monitor or not;
+- `warn_needs_float32`: not stuck, but float16 loses whole layers' gradients
+  (`telemetry()["needs_float32"]`), said at the end of `fit` too.
 """
 
 from __future__ import annotations
@@ -95,6 +97,34 @@ def warn_bfloat16(optimizer) -> None:
 def warn_stuck(optimizer, message: str | None, stacklevel: int = 3) -> None:
     if message is not None:
         warn_once(optimizer, "stuck", message, stacklevel=stacklevel)
+
+
+def warn_needs_float32(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
+    """Says once which layers float16 cannot hold (their gradients overflowed
+    at scales below 1 and flush at the scale that holds them), when the
+    scaling is not stuck (the stuck warning names them itself)."""
+    lost = telemetry["needs_float32"]
+    if telemetry["warning"] is not None or not lost:
+        return
+    named = ", ".join(
+        f"{name} (scale 2**{round(math.log2(telemetry['scale'][name]))}, "
+        f"{telemetry['overflows'][name]} overflows, "
+        f"{telemetry['underflow_rate'][name]:.0%} underflow)"
+        for name in lost[:8]
+    )
+    more = f" and {len(lost) - 8} more" if len(lost) > 8 else ""
+    warn_once(
+        optimizer,
+        "needs_float32",
+        f"keras_als: float16 loses the gradients of {named}{more}. Their gradients "
+        "overflowed float16 at loss scales below 1, and at the scale that holds them their "
+        "gradients flush to zero: those weights do not train. Compute these layers in "
+        'float32 (layer.dtype_policy = "float32", then compile again): '
+        "keras_als.diagnose(model, x, y) measures which layers need it on a batch and its "
+        "apply(model) sets them; in fit, the callback keras_als.Float32Fallback(x, y) "
+        "does both when this happens.",
+        stacklevel=stacklevel,
+    )
 
 
 def build_in_step(optimizer, trainable_variables) -> None:

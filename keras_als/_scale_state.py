@@ -233,7 +233,12 @@ def record_measurement(state, plan, statistics, gradients) -> dict:
     was = per_component(plan, row(state, "measured"))
     rows = {"measured": tf.where(informed, tf.ones_like(was), was)}
     if not state.estimate_underflow:
-        return rows
+        # Without the counts, only the whole losses: 1 where every gradient
+        # of the component flushed to zero at its scale, 0 elsewhere.
+        lost, silent = whole_losses(plan, statistics)
+        before = per_component(plan, row(state, "underflow_rates"))
+        flags = tf.where(lost, tf.ones_like(before), tf.zeros_like(before))
+        return {**rows, "underflow_rates": tf.where(silent, before, flags)}
     subnormal, zero = underflow(
         plan,
         statistics,
@@ -287,22 +292,34 @@ def _entries_of(plan) -> tuple[list[list[int]], list[int]]:
 def underflow(plan, statistics, weight_grads, float16, before) -> tuple[tf.Tensor, tf.Tensor]:
     """Per component, the shares of float16 subnormals and of exact zeros.
 
-    A gradient that rounded to zero whole at a boundary, or a component whose
-    every gradient is zero though gradient reached it, underflowed whole (or
-    its units are all dead): its underflow share is 1, and so is that of the
-    components upstream that received nothing (silent), up to
-    `FLUSH_PROPAGATION` components away. Where nothing reached a component,
-    its shares stay as they were (`before`, a pair of vectors).
+    Where a component's gradients were lost whole (`whole_losses`), its
+    underflow share is 1. Where nothing reached a component, its shares stay
+    as they were (`before`, a pair of vectors).
     """
     subnormal, zero = _statistics.underflow_shares(plan, weight_grads, float16)
-    silent = statistics.silent
-    if statistics.flushed is not None:
-        nothing = tf.logical_and(tf.equal(statistics.amax, 0.0), tf.logical_not(silent))
-        lost = tf.logical_or(statistics.flushed, nothing)
-        downstream = plan.downstream_matrix()
-        for _ in range(FLUSH_PROPAGATION):
-            below = tf.linalg.matvec(downstream, tf.cast(lost, tf.float32)) > 0
-            lost = tf.logical_or(lost, tf.logical_and(silent, below))
-        subnormal = tf.where(lost, tf.ones_like(subnormal), subnormal)
-        silent = tf.logical_and(silent, tf.logical_not(lost))
+    lost, silent = whole_losses(plan, statistics)
+    subnormal = tf.where(lost, tf.ones_like(subnormal), subnormal)
     return tf.where(silent, before[0], subnormal), tf.where(silent, before[1], zero)
+
+
+def whole_losses(plan, statistics) -> tuple[tf.Tensor, tf.Tensor]:
+    """`(lost, silent)` per component: where its gradients underflowed whole,
+    and where nothing reached it (so this step says nothing about it).
+
+    A gradient that rounded to zero whole at a boundary, or a component whose
+    every gradient is zero though gradient reached it, underflowed whole (or
+    its units are all dead), and so did the components upstream that
+    received nothing (silent), up to `FLUSH_PROPAGATION` components away.
+    """
+    n = len(plan.components)
+    silent = statistics.silent
+    if silent is None:
+        silent = tf.zeros([n], tf.bool)
+    lost = tf.logical_and(tf.equal(statistics.amax, 0.0), tf.logical_not(silent))
+    if statistics.flushed is not None:
+        lost = tf.logical_or(statistics.flushed, lost)
+    downstream = plan.downstream_matrix()
+    for _ in range(FLUSH_PROPAGATION):
+        below = tf.linalg.matvec(downstream, tf.cast(lost, tf.float32)) > 0
+        lost = tf.logical_or(lost, tf.logical_and(silent, below))
+    return lost, tf.logical_and(silent, tf.logical_not(lost))

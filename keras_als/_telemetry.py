@@ -2,7 +2,8 @@
 
 `read` turns `AdaptiveLossScaleOptimizer`'s variables into the dict that
 `telemetry()` returns, `stuck` says why the scaling looks stuck (or None),
-`beyond_float16` which layers' gradients exceed float16's range. Reading
+`beyond_float16` which layers' gradients exceed float16's range and
+`needs_float32` which of those float16 also loses at their scale. Reading
 telemetry never changes training.
 """
 
@@ -53,6 +54,7 @@ def read(optimizer) -> dict:
         "steps": steps,
     }
     telemetry["beyond_float16"] = beyond_float16(telemetry)
+    telemetry["needs_float32"] = needs_float32(telemetry)
     telemetry["warning"] = stuck(telemetry, optimizer.warn_after_skipped_steps)
     return telemetry
 
@@ -66,6 +68,20 @@ def beyond_float16(telemetry: dict) -> list[str]:
         for name, scale in telemetry["scale"].items()
         if name != "loss" and scale < 1.0 and telemetry["overflows"].get(name, 0) > 0
     ]
+
+
+LOST_SHARE = 0.5
+"""Underflow share at which `needs_float32` counts a layer's gradients as lost."""
+
+
+def needs_float32(telemetry: dict) -> list[str]:
+    """The layers beyond float16 (`beyond_float16`) whose gradients also
+    underflow at the scale that holds their largest: at least `LOST_SHARE` of
+    them on the last measuring step (with `estimate_underflow` off: all of
+    them flushed to zero). No loss scale keeps both ends, so float16 loses
+    those layers' gradients; float32 for them keeps both."""
+    rates = telemetry["underflow_rate"]
+    return [n for n in telemetry["beyond_float16"] if rates.get(n, 0.0) >= LOST_SHARE]
 
 
 def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:

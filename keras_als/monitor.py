@@ -52,8 +52,8 @@ class ScaleMonitor(keras.callbacks.Callback):
     >>> monitor.history["step"], sorted(k for k in monitor.history if k.startswith("scale/"))
     ([1, 2], ['scale/loss', 'scale/out'])
     >>> sorted(history.history)  # per epoch: no per-layer keys unless log_per_layer=True
-    ['layers_beyond_float16', 'loss', 'recent_skip_rate', 'scale_max', 'scale_min',
-     'scaling_stuck', 'skipped_in_a_row', 'skipped_steps']
+    ['layers_beyond_float16', 'layers_needing_float32', 'loss', 'recent_skip_rate',
+     'scale_max', 'scale_min', 'scaling_stuck', 'skipped_in_a_row', 'skipped_steps']
     """
 
     def __init__(
@@ -148,6 +148,7 @@ def _whole_model(telemetry) -> dict[str, float]:
         "skipped_in_a_row": telemetry["skipped_in_a_row"],
         "scaling_stuck": float(telemetry["warning"] is not None),
         "layers_beyond_float16": float(len(telemetry["beyond_float16"])),
+        "layers_needing_float32": float(len(telemetry["needs_float32"])),
     }
 
 
@@ -160,4 +161,5 @@ def _per_layer(telemetry) -> dict[str, float]:
         values[f"headroom/{name}"] = telemetry["headroom"][name]
         values[f"overflows/{name}"] = telemetry["overflows"][name]
         values[f"beyond_float16/{name}"] = float(name in telemetry["beyond_float16"])
+        values[f"needs_float32/{name}"] = float(name in telemetry["needs_float32"])
     return values

@@ -263,11 +263,19 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             - `"last_overflow_step"`: the step of the latest (-1: never).
 
             Both rates are measured on the steps that measure the scales once
-            `estimate_underflow` is true (`ScaleMonitor` sets it). And for the
-            whole model: `"skipped_steps"` (all), `"recent_skip_rate"` (share
-            of the last `SKIP_WINDOW` steps skipped), `"skipped_in_a_row"`,
-            `"steps"` (applied and skipped), and `"warning"`: None, or why the
-            scaling looks stuck (also raised once as a `UserWarning`).
+            `estimate_underflow` is true (`ScaleMonitor` sets it); without it,
+            `"underflow_rate"` is 1 where the component's gradient flushed to
+            zero whole on the last measuring step, 0 elsewhere, and
+            `"zero_rate"` is 0. And for the whole model: `"skipped_steps"`
+            (all), `"recent_skip_rate"` (share of the last `SKIP_WINDOW` steps
+            skipped), `"skipped_in_a_row"`, `"steps"` (applied and skipped),
+            `"beyond_float16"`: the layers whose overflows started at a scale
+            below 1 (their gradients exceed float16's largest value),
+            `"needs_float32"`: those of them whose gradients also underflow
+            (half or more) at their scale, which float16 cannot train (said
+            once as a `UserWarning` naming the float32 fix, here and at the
+            end of `fit`), and `"warning"`: None, or why the scaling looks
+            stuck (also raised once as a `UserWarning`).
 
         Example:
 
@@ -278,14 +286,18 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """
         telemetry = _telemetry.read(self)
         _mistakes.warn_stuck(self, telemetry["warning"])
+        _mistakes.warn_needs_float32(self, telemetry)
         return telemetry
 
     def finalize_variable_values(self, var_list):
-        # Keras calls this at the end of every `fit`: a stuck scaling is said
-        # there, whether a ScaleMonitor reads the telemetry or not.
+        # Keras calls this at the end of every `fit`: a stuck scaling, or layers
+        # float16 cannot train, are said there, whether a ScaleMonitor reads the
+        # telemetry or not.
         super().finalize_variable_values(var_list)
         if self.built:
-            _mistakes.warn_stuck(self, _telemetry.read(self)["warning"], stacklevel=4)
+            telemetry = _telemetry.read(self)
+            _mistakes.warn_stuck(self, telemetry["warning"], stacklevel=4)
+            _mistakes.warn_needs_float32(self, telemetry, stacklevel=4)
 
     def summary(self, print_fn=print) -> None:
         """Prints one line per scale: its name, value, headroom and overflows.

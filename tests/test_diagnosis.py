@@ -235,6 +235,42 @@ def test_layers_that_overflowed_below_scale_one_are_beyond_float16_and_the_warni
     assert "beyond float16" not in _telemetry.stuck(telemetry, in_a_row_limit=20)
 
 
+def test_layers_beyond_float16_whose_gradients_also_underflow_need_float32():
+    telemetry = _numbers(
+        {"loss": 2.0**-3, "patch": 2.0**-24, "head": 2.0**-10, "block": 2.0**-24},
+        {"loss": 5, "patch": 12, "head": 3, "block": 0},
+    )
+    telemetry["underflow_rate"] = {"loss": 1.0, "patch": 1.0, "head": 0.2, "block": 1.0}
+    telemetry["beyond_float16"] = _telemetry.beyond_float16(telemetry)
+    # "head" overflowed below scale 1 but float16 holds its small gradients at
+    # that scale; "block" underflows but never overflowed (a scale can rise there).
+    assert telemetry["beyond_float16"] == ["patch", "head"]
+    assert _telemetry.needs_float32(telemetry) == ["patch"]
+    telemetry["underflow_rate"]["head"] = _telemetry.LOST_SHARE
+    assert _telemetry.needs_float32(telemetry) == ["patch", "head"]
+
+
+def test_the_needs_float32_warning_names_the_layers_and_the_fix_once_and_not_when_stuck():
+    telemetry = _numbers({"loss": 1.0, "patch": 2.0**-24}, {"loss": 0, "patch": 12})
+    telemetry |= {"underflow_rate": {"loss": 0.0, "patch": 1.0}, "needs_float32": ["patch"]}
+    from keras_als import _mistakes
+
+    stuck = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _mistakes.warn_needs_float32(stuck, telemetry | {"warning": "stuck: ..."})
+    assert caught == []  # the stuck warning names the layers itself
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            _mistakes.warn_needs_float32(optimizer, telemetry | {"warning": None})
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert "float16 loses the gradients of patch (scale 2**-24, 12 overflows" in message
+    assert 'layer.dtype_policy = "float32"' in message and "Float32Fallback(x, y)" in message
+
+
 def test_building_under_mixed_bfloat16_warns_once_that_no_loss_scale_is_needed():
     keras.config.set_dtype_policy("mixed_bfloat16")
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())

@@ -31,6 +31,7 @@ WHOLE_MODEL = {
     "skipped_in_a_row",
     "scaling_stuck",
     "layers_beyond_float16",
+    "layers_needing_float32",
 }
 
 
@@ -114,7 +115,15 @@ def test_underflow_estimate_is_high_where_the_scale_is_too_small(tmp_path):
 def test_log_per_layer_adds_the_per_layer_numbers_to_each_epoch_s_logs(tmp_path):
     _, optimizer, monitor, _, history = monitored_fit(tmp_path, every=2, log_per_layer=True)
     final = optimizer.layer_scales()
-    kinds = ("scale", "underflow", "zeros", "headroom", "overflows", "beyond_float16")
+    kinds = (
+        "scale",
+        "underflow",
+        "zeros",
+        "headroom",
+        "overflows",
+        "beyond_float16",
+        "needs_float32",
+    )
     per_layer = {f"{kind}/{name}" for kind in kinds for name in final}
     assert set(history.history) == {"loss"} | WHOLE_MODEL | per_layer
     for name, scale in final.items():
