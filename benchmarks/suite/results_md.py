@@ -74,7 +74,7 @@ def markdown(
         *(
             [
                 f"- Tables re-rendered from this run's results.json on {results['rendered']} "
-                f"by `{command} --render` (no new measurement)"
+                "by `python -m benchmarks.suite --render` (no new measurement)"
             ]
             if results.get("rendered")
             else []
