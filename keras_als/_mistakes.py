@@ -198,7 +198,7 @@ def power_of_two_at_most(initial_scale) -> float:
         or not policies.MIN_SCALE <= initial_scale <= policies.MAX_SCALE
     ):
         raise ValueError(
-            "initial_scale must be a finite number between 2**-24 and 2**64, best a power "
+            "initial_scale must be a finite number between 2**-40 and 2**64, best a power "
             f"of two such as 2.0**15 (the default); got {initial_scale!r}."
         )
     mantissa, exponent = math.frexp(float(initial_scale))

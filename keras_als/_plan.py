@@ -165,6 +165,8 @@ def _walk(loss: tf.Tensor, boundaries: list[_boundary.Boundary]):
             tensor = stack.pop()
             if getattr(tensor, "graph", None) is not graph:
                 continue  # an eager tensor the function captured: a constant to this graph
+            if not _carries_gradient(tensor.dtype):
+                continue  # a shape, an index or a mask: no gradient flows through it
             b = stop.get(tensor.ref())
             if b is not None:
                 if id(b) not in reached:
@@ -185,6 +187,13 @@ def _walk(loss: tf.Tensor, boundaries: list[_boundary.Boundary]):
         for other in output_labels[1:]:
             sets.union(output_labels[0], other)
     return sets, label_of_op, [(b, reached[id(b)][1], reached[id(b)][2][0]) for b in order]
+
+
+def _carries_gradient(dtype: tf.DType) -> bool:
+    """False for integer, boolean and string tensors, which no gradient flows
+    through: two regions that only share such a tensor (the shape of one
+    read to reshape the other) are not joined."""
+    return not (dtype.is_integer or dtype.is_bool or dtype == tf.string)
 
 
 def make_plan(

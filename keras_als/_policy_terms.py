@@ -12,7 +12,11 @@ import tensorflow as tf
 
 FLOAT16_MAX = 65504.0  # largest finite float16 value
 FLOAT16_TINY = 2.0**-24  # smallest positive float16 value (subnormal), the paper's u_min
-MIN_SCALE = 2.0**-24  # floor of every scale
+# Floor of every scale: a gradient up to 65504 * 2**40 (7.2e16) still fits
+# float16 at it, as the start of a vision transformer on flat images needs
+# (1.8e15 in KerasHub's Swin), and a float32 value above 2**-86 times it stays
+# a normal float32 (so float32 training at it is exact).
+MIN_SCALE = 2.0**-40
 MAX_SCALE = 2.0**64  # ceiling of every scale
 
 

@@ -84,6 +84,9 @@ def needs_float32(telemetry: dict) -> list[str]:
     return [n for n in telemetry["beyond_float16"] if rates.get(n, 0.0) >= LOST_SHARE]
 
 
+_FLOOR = round(math.log2(policies.MIN_SCALE))
+
+
 def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
     """Why the scaling looks stuck, from `telemetry()`'s numbers, or None."""
     in_a_row = telemetry["skipped_in_a_row"]
@@ -107,7 +110,7 @@ def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
         else f"{share:.0%} of the last {SKIP_WINDOW} steps were skipped"
     )
     where = f"; overflows started in: {', '.join(recent[:8])}" if recent else ""
-    at_floor = f"; scales at their floor (2**-24): {', '.join(floor[:8])}" if floor else ""
+    at_floor = f"; scales at their floor (2**{_FLOOR}): {', '.join(floor[:8])}" if floor else ""
     beyond = telemetry.get("beyond_float16") or []
     fix = (
         f" Gradients beyond float16's range (they overflowed at scales below 1) in: "

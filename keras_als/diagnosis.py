@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from keras_als import instrument
 from keras_als._keras_private import own_weights
-from keras_als._policy_terms import FLOAT16_MAX, MIN_SCALE
+from keras_als._policy_terms import FLOAT16_MAX, FLOAT16_TINY
 
 UNDERFLOW_LIMIT = 0.01
 """Share of a layer's non-zero gradients that may flush to zero at the largest
@@ -341,7 +341,7 @@ def _underflow_at_safe_scale(magnitudes: np.ndarray) -> tuple[float, float]:
     largest = float(nonzero.max())
     scale = 2.0 ** math.floor(math.log2(FLOAT16_MAX / largest))
     # Below half the smallest subnormal, float16 rounds to zero.
-    return float(np.mean(nonzero * scale < MIN_SCALE / 2)), largest
+    return float(np.mean(nonzero * scale < FLOAT16_TINY / 2)), largest
 
 
 def _path(layer, model) -> str:

@@ -61,3 +61,39 @@ def test_branches_joined_by_a_layer_keep_a_scale_each():
     optimizer = _train(keras_als.wrap_model(_two_branches("Add layer")), APART)
     scales = optimizer.layer_scales()
     assert (scales["left"], scales["right"]) == (2.0**12, 2.0**2), scales
+
+
+class _ShapeShared(keras.Model):
+    """Two Dense branches with a head each; the right branch is reshaped to
+    the runtime shape of the left one, an integer tensor through which no
+    gradient flows (as a vision transformer reshapes its tokens to windows)."""
+
+    def __init__(self):
+        super().__init__(name="shape_shared")
+        self.left = keras.layers.Dense(16, activation="tanh", name="left")
+        self.right = keras.layers.Dense(16, activation="tanh", name="right")
+        self.head_l = keras.layers.Dense(1, name="head_l")
+        self.head_r = keras.layers.Dense(1, name="head_r")
+
+    def call(self, x):
+        import tensorflow as tf
+
+        left, right = self.left(x), self.right(x)
+        shape = tf.raw_ops.Shape(input=left)  # an op even where the shape is static
+        return self.head_l(left) + self.head_r(tf.reshape(right, shape))
+
+
+def test_branches_that_share_only_a_shape_keep_a_scale_each():
+    # Joining components through such a tensor held a whole Swin backbone at
+    # one scale, the one its first stage needed.
+    keras.utils.set_random_seed(0)
+    model, plain = _ShapeShared(), _ShapeShared()
+    model(np.zeros((1, 8), "float32"))
+    plain(np.zeros((1, 8), "float32"))
+    plain.set_weights(model.get_weights())
+    scales = _train(keras_als.wrap_model(model), APART).layer_scales()
+    assert (scales["left"], scales["right"]) == (2.0**12, 2.0**2), scales
+    # The scales apart change no weight: those of scale 1, to the bit.
+    _train(keras_als.wrap_model(plain), policies.Fixed(default=1.0))
+    for a, e in zip(model.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, e)

@@ -61,24 +61,20 @@ def test_on_swin_overflows_in_the_residual_stream_teach_headroom_and_stop_recurr
 
 
 @pytest.mark.slow
-def test_on_swin_fit_names_the_layers_float16_cannot_train_and_the_float32_fix(swin):
-    """Without a ScaleMonitor: at the scale that keeps the stream finite its
-    gradients flush to zero whole, so the backbone's weights never change.
-    The warning at the end of `fit` and `telemetry()["needs_float32"]` name
-    those layers, the patch embedding first; the head, which trains, is not named."""
+def test_on_swin_keras_als_alone_trains_every_layer_and_names_none(swin):
+    """At the start, float32's gradients reach 1.8e15 in the patch embedding,
+    which float16 holds only at 2**-35 or lower. Each stage's residual stream
+    has a scale of its own, and the patch embedding's falls as low as it
+    needs, so every weight trains, the LayerNorms leave the start's
+    degenerate state (all-equal tokens) and every scale rises back to 1 or
+    more. Before (the streams of both stages one component, the floor at
+    2**-24), the stream sat at the floor, where the head's gradient flushed to
+    zero whole: no weight of the backbone changed."""
     initial, model, optimizer, said, _ = swin
     telemetry = optimizer.telemetry()
-    needs = telemetry["needs_float32"]
-    assert needs[0] == "conv_projection" and "stage_0/blocks_0/norm1" in needs, needs
-    assert "predictions" not in needs and "norm" not in needs, needs
-    for name in needs:
-        assert telemetry["underflow_rate"][name] == 1.0 and telemetry["scale"][name] < 1.0
-    # What the warning says is true: the patch embedding's weights did not move,
-    # the head's did.
     now = {v.path: v.numpy() for v in model.weights}
-    kernel, head = "patch_embedding/conv_projection/kernel", "predictions/kernel"
-    assert np.array_equal(now[kernel], initial[kernel])
-    assert not np.array_equal(now[head], initial[head])
-    warning = [m for m in said if "float16 loses the gradients of conv_projection" in m]
-    assert len(warning) == 1, said
-    assert 'layer.dtype_policy = "float32"' in warning[0] and "Float32Fallback" in warning[0]
+    unchanged = [p for p, w in now.items() if np.array_equal(w, initial[p])]
+    assert unchanged == [], unchanged
+    assert min(telemetry["scale"].values()) >= 1.0, telemetry["scale"]
+    assert telemetry["needs_float32"] == [], telemetry["needs_float32"]
+    assert not [m for m in said if "float16 loses the gradients" in m], said
