@@ -70,7 +70,7 @@ def power_of_two_floor(x: tf.Tensor) -> tf.Tensor:
     Example:
 
     >>> power_of_two_floor(np.array([3.0, 0.0, np.inf], np.float32)).numpy()
-    array([2.0000000e+00, 5.9604645e-08, 1.8446744e+19], dtype=float32)
+    array([2.0000000e+00, 9.0949470e-13, 1.8446744e+19], dtype=float32)
     """
     x = tf.convert_to_tensor(x, tf.float32)
     x = tf.where(tf.math.is_nan(x), tf.ones_like(x), x)
