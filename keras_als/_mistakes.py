@@ -25,7 +25,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from keras_als import _step_record, policies
+from keras_als import _step_record, _telemetry, policies
 
 
 def warn_once(optimizer, kind: str, message: str, stacklevel: int = 3) -> None:
@@ -99,6 +99,13 @@ def warn_stuck(optimizer, message: str | None, stacklevel: int = 3) -> None:
         warn_once(optimizer, "stuck", message, stacklevel=stacklevel)
 
 
+def warn_from_telemetry(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
+    """Says (once each) what `telemetry` shows going wrong: a stuck scaling,
+    or layers float16 cannot train."""
+    warn_stuck(optimizer, telemetry["warning"], stacklevel=stacklevel + 1)
+    warn_needs_float32(optimizer, telemetry, stacklevel=stacklevel + 1)
+
+
 def warn_needs_float32(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
     """Says once which layers float16 cannot hold (their gradients overflowed
     at scales below 1 and flush at the scale that holds them), when the
@@ -118,11 +125,7 @@ def warn_needs_float32(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
         "needs_float32",
         f"keras_als: float16 loses the gradients of {named}{more}. Their gradients "
         "overflowed float16 at loss scales below 1, and at the scale that holds them their "
-        "gradients flush to zero: those weights do not train. Compute these layers in "
-        'float32 (layer.dtype_policy = "float32", then compile again): '
-        "keras_als.diagnose(model, x, y) measures which layers need it on a batch and its "
-        "apply(model) sets them; in fit, the callback keras_als.Float32Fallback(x, y) "
-        "does both when this happens.",
+        f"gradients flush to zero: those weights do not train. {_telemetry.FLOAT32_FIX}",
         stacklevel=stacklevel,
     )
 

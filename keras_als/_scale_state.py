@@ -237,8 +237,7 @@ def record_measurement(state, plan, statistics, gradients) -> dict:
         # of the component flushed to zero at its scale, 0 elsewhere.
         lost, silent = whole_losses(plan, statistics)
         before = per_component(plan, row(state, "underflow_rates"))
-        flags = tf.where(lost, tf.ones_like(before), tf.zeros_like(before))
-        return {**rows, "underflow_rates": tf.where(silent, before, flags)}
+        return {**rows, "underflow_rates": tf.where(silent, before, tf.cast(lost, before.dtype))}
     subnormal, zero = underflow(
         plan,
         statistics,

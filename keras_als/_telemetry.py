@@ -86,6 +86,14 @@ def needs_float32(telemetry: dict) -> list[str]:
 
 _FLOOR = round(math.log2(policies.MIN_SCALE))
 
+FLOAT32_FIX = (
+    'compute those layers in float32 (layer.dtype_policy = "float32", then compile again); '
+    "keras_als.diagnose(model, x, y) measures which layers need it on a batch, and its "
+    "apply(model) sets them; in fit, the callback keras_als.Float32Fallback(x, y) does both "
+    "when this happens."
+)
+"""The fix both warnings that name layers beyond float16 give."""
+
 
 def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
     """Why the scaling looks stuck, from `telemetry()`'s numbers, or None."""
@@ -114,10 +122,7 @@ def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
     beyond = telemetry.get("beyond_float16") or []
     fix = (
         f" Gradients beyond float16's range (they overflowed at scales below 1) in: "
-        f"{', '.join(beyond[:8])}. No loss scale holds them: compute those layers in float32 "
-        '(layer.dtype_policy = "float32"); keras_als.diagnose(model, x, y) measures which '
-        "layers need it on a batch, and its apply(model) sets them; in fit, the callback "
-        "keras_als.Float32Fallback(x, y) does both when this happens."
+        f"{', '.join(beyond[:8])}. No loss scale holds them: {FLOAT32_FIX}"
         if beyond
         else ""
     )

@@ -285,8 +285,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         ({'loss': 32768.0}, {'loss': 0}, 0)
         """
         telemetry = _telemetry.read(self)
-        _mistakes.warn_stuck(self, telemetry["warning"])
-        _mistakes.warn_needs_float32(self, telemetry)
+        _mistakes.warn_from_telemetry(self, telemetry)
         return telemetry
 
     def finalize_variable_values(self, var_list):
@@ -295,9 +294,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # telemetry or not.
         super().finalize_variable_values(var_list)
         if self.built:
-            telemetry = _telemetry.read(self)
-            _mistakes.warn_stuck(self, telemetry["warning"], stacklevel=4)
-            _mistakes.warn_needs_float32(self, telemetry, stacklevel=4)
+            _mistakes.warn_from_telemetry(self, _telemetry.read(self), stacklevel=4)
 
     def summary(self, print_fn=print) -> None:
         """Prints one line per scale: its name, value, headroom and overflows.
