@@ -141,7 +141,13 @@ def measure(name: str, later_steps: int | None = None) -> dict:
             reference.model, reference.optimizer, batch_x, batch_y, spec.jit_compile
         )
     layers = by_layer(paths)
-    result = {"model": name, "later_steps": later_steps, "phases": {}}
+    result = {
+        "model": name,
+        "later_steps": later_steps,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "code": provenance.code(),
+        "phases": {},
+    }
     for phase in weights:
         result["phases"][phase] = {
             "layers": {

@@ -63,6 +63,14 @@ def phase_table(model: dict, phase: str) -> list[str]:
     return lines
 
 
+def measured(model: dict) -> str:
+    """When and on which keras_als code `model` was measured: its own record,
+    else (a run from before models carried one) said to be unknown."""
+    if "code" in model:
+        return f"{model['date']}; keras_als {model['code']}"
+    return "in an earlier run of this command, on keras_als code it did not record"
+
+
 def markdown(results: dict) -> str:
     """The mechanism's section: provenance, then per model and phase its table."""
     lines = [
@@ -85,5 +93,7 @@ def markdown(results: dict) -> str:
                 else (f"float32's weights after {model['later_steps']} steps")
             )
             lines += ["", f"## {model['model']}, {phase} ({when})", ""]
+            if phase == "start":
+                lines += [f"Measured {measured(model)}.", ""]
             lines += phase_table(model, phase)
     return "\n".join(lines) + "\n"

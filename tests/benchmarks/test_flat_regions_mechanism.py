@@ -74,6 +74,17 @@ def test_the_markdown_has_both_phases_of_every_model():
     assert "## swin, later (float32's weights after 7 steps)" in text
 
 
+def test_each_model_says_the_code_it_was_measured_on_or_that_it_is_unknown():
+    results = _results() | {"command": "c", "date": "d", "environment": "e", "provenance": "p"}
+    swin = results["models"][0]
+    older = swin | {"model": "vit"}  # kept from a run before models carried provenance
+    swin = swin | {"date": "2026-12-03 19:00 UTC", "code": "commit abc1234, clean"}
+    text = mechanism_report.markdown(results | {"models": [swin, older]})
+    assert "Measured 2026-12-03 19:00 UTC; keras_als commit abc1234, clean." in text
+    assert text.count("Measured ") == 2  # once per model, under its first phase
+    assert "Measured in an earlier run of this command, on keras_als code it did not" in text
+
+
 @pytest.mark.slow
 def test_the_mechanism_runs_on_the_vit_and_finds_float16_enough_there(tmp_path):
     assert mechanism.main(["--quick", "--models", "vit", "--out", str(tmp_path)]) == 0
@@ -87,3 +98,4 @@ def test_the_mechanism_runs_on_the_vit_and_finds_float16_enough_there(tmp_path):
         ours = found["methods"]["als_max_safe"]
         assert ours["finite"] and ours["lost_overall"] < 0.01, ours
     assert (tmp_path / "flat_regions_mechanism.md").read_text().count("## vit") == 2
+    assert model["code"].startswith("commit ") and "sha256 of keras_als" in model["code"]
