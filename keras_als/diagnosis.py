@@ -132,7 +132,8 @@ def diagnose(
     flush to zero at the largest power of two that holds its largest. Where
     some float16 output is not finite, those layers are reported alone
     (gradients through a NaN say nothing): apply the diagnosis and call
-    `diagnose` again. Weights, optimizer and policies are left as they were.
+    `diagnose` again. Weights (moving statistics and seed generators' states
+    too), metrics, optimizer and policies are left as they were.
 
     Args:
         model: A built model, wrapped by `wrap_model` or not.
@@ -165,10 +166,27 @@ def diagnose(
             "loss (model.compute_loss) is used."
         )
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
-    forward = _forward_not_finite(model, x)
-    if forward:
-        return Diagnosis(tuple(Finding(path, reason) for path, reason in forward))
-    return Diagnosis(tuple(_range_findings(model, x, y, loss)))
+    with _state_kept(model):
+        forward = _forward_not_finite(model, x)
+        if forward:
+            return Diagnosis(tuple(Finding(path, reason) for path, reason in forward))
+        return Diagnosis(tuple(_range_findings(model, x, y, loss)))
+
+
+@contextlib.contextmanager
+def _state_kept(model):
+    """Restores what a forward pass in training mode moves: the model's
+    non-trainable variables (BatchNormalization's moving statistics, the
+    seed generators' states that Dropout draws from) and its metrics'
+    variables (the loss tracker `compute_loss` updates), so that a diagnosis
+    in the middle of `fit` leaves training exactly as it would have gone."""
+    variables = [*model.non_trainable_variables, *getattr(model, "metrics_variables", [])]
+    values = [tf.identity(v.value) for v in variables]
+    try:
+        yield
+    finally:
+        for variable, value in zip(variables, values):
+            variable.assign(value)
 
 
 @contextlib.contextmanager

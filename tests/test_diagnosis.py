@@ -100,6 +100,48 @@ def test_diagnose_refuses_an_unbuilt_model_a_missing_loss_and_another_model_s_la
         found.apply(model)
 
 
+def normalized_model(wrapped=True):
+    """Dense, BatchNormalization, Dropout and a float32 head, compiled with
+    keras_als (Adam 1e-3, mse); 64 normal samples."""
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(8, name="dense"),
+            keras.layers.BatchNormalization(momentum=0.9, name="norm"),
+            keras.layers.Dropout(0.5, name="dropout"),
+            keras.layers.Dense(2, name="head", dtype="float32"),
+        ]
+    )
+    if wrapped:
+        keras_als.wrap_model(model)
+        model.compile(keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3)), "mse")
+    else:
+        model.compile(keras.optimizers.Adam(1e-3), "mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    return model, x, rng.normal(size=(64, 2)).astype("float32")
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_diagnose_leaves_moving_statistics_dropout_s_seed_and_the_loss_tracker_as_they_were(
+    wrapped,
+):
+    # Its forward passes run in training mode, which moves BatchNormalization's
+    # statistics, draws Dropout's masks and (with the model's own loss) updates
+    # the loss tracker; a diagnosis inside `fit` must not.
+    model, x, y = normalized_model(wrapped)
+    model.fit(x, y, batch_size=16, verbose=0)
+    variables = [*model.variables, *model.metrics_variables]
+    assert any("moving_mean" in v.path for v in variables)
+    assert any("seed_generator" in v.path for v in variables)
+    before = [np.array(v.value) for v in variables]
+    assert keras_als.diagnose(model, x[:16], y[:16]).layers == []
+    for variable, value in zip(variables, before, strict=True):
+        np.testing.assert_array_equal(np.array(variable.value), value, err_msg=variable.path)
+
+
 def _swin(wrapped):
     from benchmarks.flat_regions import models
 

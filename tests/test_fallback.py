@@ -83,6 +83,31 @@ def test_it_does_nothing_and_diagnoses_nothing_where_float16_holds(monkeypatch):
     assert model.get_layer("huge").compute_dtype == "float16"
 
 
+def test_a_diagnosis_that_finds_nothing_leaves_training_bit_identical(monkeypatch):
+    # BatchNormalization's moving statistics and Dropout's masks would move
+    # if the diagnosis's forward passes in training mode were kept.
+    from tests.test_diagnosis import normalized_model
+
+    calls = []
+    real = fallback_module.diagnose
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fallback_module, "diagnose", counted)
+    trained = []
+    for with_fallback in (False, True):
+        model, x, y = normalized_model()
+        callbacks = [keras_als.Float32Fallback(x[:16], y[:16], skipped_in_a_row=1)]
+        callbacks = callbacks if with_fallback else []
+        model.fit(x, y, batch_size=4, verbose=0, shuffle=False, callbacks=callbacks)
+        trained.append([np.array(v.value) for v in model.variables])
+    assert calls, "no step was skipped, so nothing was diagnosed"
+    for after_plain, after_fallback in zip(*trained, strict=True):
+        np.testing.assert_array_equal(after_fallback, after_plain)
+
+
 def test_it_stops_after_its_rounds_and_refuses_keras_s_optimizer_and_bad_arguments():
     model, optimizer, x, y = _dense_model(1e5)
     fallback = keras_als.Float32Fallback(x[:8], y[:8], skipped_in_a_row=1, rounds=1)
