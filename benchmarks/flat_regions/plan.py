@@ -19,7 +19,11 @@ too): chosen on float32 alone, whose held-out loss on seeds 1 and 2 was
 after 2,100. Outcomes, on 256 held-out canvases: the task's own loss and
 its metric (accuracy; mIoU over the classes present, background included).
 Every method starts from the same float32 weights and trains on the same
-batches, block by block, interleaved in one process (`keras_hub_tasks.training`).
+batches, block by block, interleaved in one process (`keras_hub_tasks.training`),
+with the same dropout masks: each arm is built after the seed is set again
+(SegFormer's head has Dropout(0.1); runs before 2026-12-04 drew each arm's
+masks from a different seed, which added noise to the paired differences;
+Swin and ViT draw no random numbers in training).
 """
 
 from __future__ import annotations
@@ -91,7 +95,9 @@ def run_seed(name: str, seed: int, blocks: int | None = None, steps_per_block: i
         return x[rows], y[rows]
 
     arms = [
-        training.arm(m, spec.build, weights, keras.optimizers.Adam(LEARNING_RATE), spec.jit_compile)
+        training.arm(
+            m, spec.build, weights, keras.optimizers.Adam(LEARNING_RATE), spec.jit_compile, seed
+        )
         for m in METHODS
     ]
     diagnosed, fallback = arms[-2:]

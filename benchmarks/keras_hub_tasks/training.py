@@ -66,17 +66,25 @@ def arm(
     weights: list[np.ndarray],
     inner: keras.optimizers.Optimizer,
     jit_compile: bool = True,
+    seed: int | None = None,
     **compile_arguments,
 ) -> Arm:
     """`method`'s model (built under its precision, given `weights`, instrumented
     in place for keras_als) compiled around `inner`, with XLA unless
     `jit_compile` is False.
 
+    With `seed`, the model is built after `keras.utils.set_random_seed(seed)`,
+    so that every arm given the same seed draws the same random numbers in
+    training (a Dropout layer's seed generator starts from the global seed
+    when it is built; `weights` do not hold its state).
+
     The mixed_float16 row without loss scaling compiles with
     `auto_scale_loss=False`: otherwise `compile` would wrap its optimizer in
     Keras's `LossScaleOptimizer`.
     """
     with scaling.precision("mixed_float16" if method.mixed else "float32"):
+        if seed is not None:
+            keras.utils.set_random_seed(seed)
         model = build()
         model.set_weights(weights)
         if method.wrap:

@@ -103,6 +103,27 @@ def test_an_arm_trains_its_method_s_way_and_the_no_scaling_row_keeps_its_bare_op
     assert [r.scales for r in runs] == [0, 0, 1, 3]
 
 
+def test_arms_given_one_seed_drop_the_same_units_and_without_it_they_differ():
+    # The paired comparison needs every method to see the same dropout masks;
+    # `weights` do not hold a Dropout layer's seed generator.
+    def build():
+        return keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dropout(0.5), keras.layers.Dense(1)]
+        )
+
+    weights = build().get_weights()
+    x = np.ones((8, 64), "float32")
+
+    def dropped(seed):
+        one = training.arm(
+            training.METHODS[0], build, weights, keras.optimizers.SGD(0.0), seed=seed
+        )
+        return np.asarray(one.model.layers[0](x, training=True))
+
+    np.testing.assert_array_equal(dropped(7), dropped(7))
+    assert not np.array_equal(dropped(None), dropped(None))
+
+
 @pytest.mark.slow
 def test_the_lora_study_runs_quick_end_to_end_and_renders_from_its_json(tmp_path):
     pytest.importorskip("keras_hub")
