@@ -21,10 +21,9 @@ its metric (accuracy; mIoU over the classes present, background included).
 Every method starts from the same float32 weights and trains on the same
 batches, block by block, interleaved in one process (`keras_hub_tasks.training`),
 with the same dropout masks: each arm is built after the seed is set again
-(SegFormer's head has Dropout(0.1); the committed SegFormer run, of
-2026-12-04 02:58 UTC, and those before it drew each arm's masks from a
-different seed, which adds noise to its paired differences; Swin and ViT
-draw no random numbers in training).
+(SegFormer's head has Dropout(0.1); SegFormer runs before 2026-12-04 09:00
+UTC drew each arm's masks from a different seed, which added noise to their
+paired differences; Swin and ViT draw no random numbers in training).
 """
 
 from __future__ import annotations
