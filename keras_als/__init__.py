@@ -37,6 +37,7 @@ if _keras.config.backend() != "tensorflow":
     )
 
 from keras_als import _version, policies  # noqa: E402
+from keras_als.calibration import calibrate  # noqa: E402
 from keras_als.diagnosis import Diagnosis, diagnose  # noqa: E402
 from keras_als.fallback import Float32Fallback  # noqa: E402
 from keras_als.instrument import unwrap_model, wrap_model  # noqa: E402
@@ -51,6 +52,7 @@ __all__ = [
     "Diagnosis",
     "Float32Fallback",
     "ScaleMonitor",
+    "calibrate",
     "diagnose",
     "plot_scales",
     "policies",

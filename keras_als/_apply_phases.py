@@ -16,6 +16,8 @@ returned:
    (`next_period`);
 5. `count_until_measuring`: when the boundaries measure next.
 
+`measure_only` runs phases 1, 2 and 4 alone (`keras_als.calibrate`).
+
 What the phases write into the optimizer's state per scale is in
 `_scale_state`; applying or skipping, in `_skip`.
 """
@@ -49,6 +51,17 @@ def run(optimizer, plan, grads: list, variables: list) -> None:
     period = measure_and_choose(optimizer, plan, gradients, measuring, finite, step, updated)
     if plan.measuring is not None:
         count_until_measuring(optimizer, finite, measuring, period)
+
+
+def measure_only(optimizer, plan, grads: list, variables: list) -> None:
+    """Phases 1, 2 and 4 without 3 and 5: measures `plan`'s gradients and lets
+    the policy choose the scales, applying nothing and counting no step
+    (`keras_als.calibrate`). Where a gradient is not finite nothing changes."""
+    gradients = group_and_unscale(plan, grads, variables, optimizer)
+    finite, _ = check_finite(plan, gradients.weight_amax)
+    step = _skip.step_number(optimizer)
+    updated = optimizer.iterations > 0
+    measure_and_choose(optimizer, plan, gradients, finite, finite, step, updated)
 
 
 class Gradients(NamedTuple):
