@@ -1,15 +1,17 @@
 """`Float32Fallback`: during `fit`, the layers float16 cannot hold move to float32.
 
-A loss scale cannot widen float16's range. When the optimizer's telemetry
-says a layer's gradients outran it (`telemetry()["beyond_float16"]`: an
-overflow started there at a scale below 1), or the steps keep being skipped
-(a forward pass that is not finite in float16 overflows at every scale), this
-callback runs `keras_als.diagnose` on a batch the user gives it, with the
+A loss scale cannot widen float16's range. When `fit` begins, before its first
+step, this callback diagnoses a batch the user gives it, computes the layers
+it names in float32 and chooses every scale from a float32 measurement of the
+same batch (`keras_als.calibrate`), so that no step is skipped finding them.
+Then, when the optimizer's telemetry says a layer's gradients outran it
+(`telemetry()["beyond_float16"]`: an overflow started there at a scale below
+1), or the steps keep being skipped (a forward pass that is not finite in
+float16 overflows at every scale), it diagnoses the batch again, with the
 weights as they are, computes the layers it names in float32 and traces the
 training step again, once per new finding. Until then it reads one variable
 before each batch, and leaves `fit`'s asynchronous dispatch of the other
-callbacks on (it has no `on_train_batch_end`).
-"""
+callbacks on (it has no `on_train_batch_end`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from collections.abc import Callable
 import keras
 
 from keras_als import _scale_state, _telemetry
+from keras_als.calibration import calibrate
 from keras_als.diagnosis import Diagnosis, diagnose
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
 
@@ -26,7 +29,10 @@ class Float32Fallback(keras.callbacks.Callback):
     """Computes in float32, during `fit`, the layers whose gradients or outputs
     float16 cannot hold, as `keras_als.diagnose` measures them.
 
-    Before each batch, if the step before it was skipped, it reads the
+    When `fit` begins on a model that has not trained yet (`at_start`), it
+    diagnoses `(x, y)`, computes the layers found in float32, and calibrates
+    the scales on `(x, y)` (`keras_als.calibrate`), before the first step.
+    Then, before each batch, if the step before it was skipped, it reads the
     optimizer's telemetry.
     If it names layers beyond float16's range that it has not seen yet, or
     `skipped_in_a_row` steps in a row were skipped, it diagnoses `(x, y)` with
@@ -48,7 +54,9 @@ class Float32Fallback(keras.callbacks.Callback):
         loss: `loss(y, y_pred)`, as `diagnose` takes it; None: the model's own.
         skipped_in_a_row: Steps skipped in a row that call for a diagnosis
             even when no layer is named beyond float16.
-        rounds: Most diagnoses in one `fit`.
+        rounds: Most diagnoses in one `fit`, besides the one at the start.
+        at_start: Whether to diagnose and calibrate when `fit` begins, if the
+            optimizer has taken no step yet.
         verbose: Whether to print each diagnosis that changed the model.
 
     Example:
@@ -62,10 +70,12 @@ class Float32Fallback(keras.callbacks.Callback):
     ...     keras.layers.Dense(1, name="head", dtype="float32")]))
     >>> model.compile(keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3)), "mse")
     >>> x, y = np.ones((16, 4), "float32"), np.zeros((16, 1), "float32")
-    >>> fallback = keras_als.Float32Fallback(x[:8], y[:8], skipped_in_a_row=2, verbose=False)
+    >>> fallback = keras_als.Float32Fallback(x[:8], y[:8], verbose=False)
     >>> _ = model.fit(x, y, batch_size=2, verbose=0, callbacks=[fallback])
     >>> fallback.applied
-    [(2, ['huge'])]
+    [(0, ['huge'])]
+    >>> int(model.optimizer.skipped_steps)
+    0
     >>> model.get_layer("huge").compute_dtype
     'float32'
     >>> keras.config.set_dtype_policy("float32")
@@ -79,6 +89,7 @@ class Float32Fallback(keras.callbacks.Callback):
         skipped_in_a_row: int = 8,
         rounds: int = 3,
         verbose: bool = True,
+        at_start: bool = True,
     ):
         super().__init__()
         if skipped_in_a_row < 1 or rounds < 1:
@@ -90,6 +101,7 @@ class Float32Fallback(keras.callbacks.Callback):
         self.skipped_in_a_row = skipped_in_a_row
         self.rounds = rounds
         self.verbose = verbose
+        self.at_start = bool(at_start)
         self.applied: list[tuple[int, list[str]]] = []
         self._diagnoses = 0
         self._skipped = 0
@@ -105,6 +117,12 @@ class Float32Fallback(keras.callbacks.Callback):
             )
         self._diagnoses = 0
         self._skipped = self._skipped_steps()
+        if self.at_start and not _telemetry.read(optimizer)["steps"]:
+            # A forward finding hides the layers after it: diagnose again.
+            for _ in range(self.rounds):
+                if not self._diagnose(0):
+                    break
+            calibrate(self.model, self.x, self.y, loss=self.loss)
 
     def on_train_batch_begin(self, batch, logs=None):
         # Not on_train_batch_end: a callback with one makes `fit` wait for and
@@ -123,15 +141,21 @@ class Float32Fallback(keras.callbacks.Callback):
             return
         self._seen |= new
         self._diagnoses += 1
+        self._diagnose(telemetry["steps"])
+
+    def _diagnose(self, step: int) -> bool:
+        """Diagnoses `(x, y)` and computes the layers found, not yet in float32,
+        in float32; whether there were any."""
         found = diagnose(self.model, self.x, self.y, loss=self.loss)
         layers = [p for p in found.layers if p not in _float32_paths(self.applied)]
         if not layers:
-            return
+            return False
         Diagnosis(tuple(f for f in found.findings if f.layer in layers)).apply(self.model)
         self.model.make_train_function(force=True)  # fit calls it for the next batch
-        self.applied.append((telemetry["steps"], layers))
+        self.applied.append((step, layers))
         if self.verbose:
-            print(f"keras_als.Float32Fallback, at step {telemetry['steps']}: {found}")
+            print(f"keras_als.Float32Fallback, at step {step}: {found}")
+        return True
 
     def _skipped_steps(self) -> int:
         return _scale_state.counter_value(self.model.optimizer, "skipped_steps")

@@ -45,9 +45,23 @@ def _dense_model(kernel_value):
     return model, optimizer, x, np.zeros((64, 2), "float32")
 
 
+def test_when_fit_begins_it_moves_the_overflowing_layer_to_float32_and_no_step_is_skipped():
+    model, optimizer, x, y = _dense_model(1e5)  # sums of 1e5 * O(1) exceed 65504
+    fallback = keras_als.Float32Fallback(x[:8], y[:8], verbose=False)
+    model.fit(x, y, batch_size=4, verbose=0, shuffle=False, callbacks=[fallback])
+    # "after" takes huge's float32 output, 4e5, which its cast to float16 overflows.
+    assert fallback.applied == [(0, ["huge", "after"])]
+    assert [layer.compute_dtype for layer in model.layers] == ["float32"] * 3
+    assert int(optimizer.skipped_steps.numpy()) == 0
+    assert int(optimizer.iterations.numpy()) == 16
+    assert np.isfinite(model.evaluate(x, y, verbose=0))
+
+
 def test_a_layer_whose_float16_output_overflows_goes_to_float32_and_every_later_step_applies():
     model, optimizer, x, y = _dense_model(1e5)  # sums of 1e5 * O(1) exceed 65504
-    fallback = keras_als.Float32Fallback(x[:8], y[:8], skipped_in_a_row=3, verbose=False)
+    fallback = keras_als.Float32Fallback(
+        x[:8], y[:8], skipped_in_a_row=3, verbose=False, at_start=False
+    )
     model.fit(x, y, batch_size=4, verbose=0, shuffle=False, callbacks=[fallback])
     # "after" takes huge's float32 output, 4e5, which its cast to float16 overflows.
     assert fallback.applied == [(3, ["huge", "after"])]
@@ -72,15 +86,20 @@ def test_it_reads_the_skip_counter_before_each_batch_and_leaves_fit_s_async_logs
     assert int(optimizer.skipped_steps.numpy()) == 3
 
 
-def test_it_does_nothing_and_diagnoses_nothing_where_float16_holds(monkeypatch):
+def test_where_float16_holds_it_diagnoses_once_at_the_start_and_changes_no_layer(monkeypatch):
     calls = []
-    monkeypatch.setattr(fallback_module, "diagnose", lambda *a, **k: calls.append(a))
+    real = fallback_module.diagnose
+    monkeypatch.setattr(
+        fallback_module, "diagnose", lambda *a, **k: calls.append(a) or real(*a, **k)
+    )
     model, optimizer, x, y = _dense_model(0.1)
     fallback = keras_als.Float32Fallback(x[:8], y[:8])
     model.fit(x, y, batch_size=4, verbose=0, callbacks=[fallback])
-    assert int(optimizer.skipped_steps.numpy()) < 8  # the first guess's few, then none
-    assert fallback.applied == [] and calls == []
+    assert int(optimizer.skipped_steps.numpy()) == 0  # calibrated: no first guess to back off
+    assert fallback.applied == [] and len(calls) == 1
     assert model.get_layer("huge").compute_dtype == "float16"
+    model.fit(x, y, batch_size=4, verbose=0, callbacks=[fallback])  # trained: no start again
+    assert len(calls) == 1
 
 
 def test_a_diagnosis_that_finds_nothing_leaves_training_bit_identical(monkeypatch):
@@ -99,7 +118,7 @@ def test_a_diagnosis_that_finds_nothing_leaves_training_bit_identical(monkeypatc
     trained = []
     for with_fallback in (False, True):
         model, x, y = normalized_model()
-        callbacks = [keras_als.Float32Fallback(x[:16], y[:16], skipped_in_a_row=1)]
+        callbacks = [keras_als.Float32Fallback(x[:16], y[:16], skipped_in_a_row=1, at_start=False)]
         callbacks = callbacks if with_fallback else []
         model.fit(x, y, batch_size=4, verbose=0, shuffle=False, callbacks=callbacks)
         trained.append([np.array(v.value) for v in model.variables])
@@ -128,16 +147,17 @@ def test_it_stops_after_its_rounds_and_refuses_keras_s_optimizer_and_bad_argumen
 def test_on_swin_it_moves_the_patch_embedding_to_float32_and_skips_fewer_steps_than_keras():
     """40 steps of Adam 1e-3 on the flat canvases, the same weights and
     batches: keras_als with the fallback sets the patch embedding (and the
-    first block, which overflows next) to float32 once, skips fewer steps
-    than Keras's optimizer (which skips 30, halving its scale from 2**15), and
-    none in the last 20 steps."""
+    first block, whose gradients span as much) to float32 when `fit` begins,
+    calibrates the scales, and skips at most 2 steps (none on this machine;
+    without calibration 9), Keras's optimizer 30 (halving its scale from
+    2**15)."""
     x, y, model, optimizer, keras_skipped = tasks.swin_on_flat_canvases(steps=40, seed=5)
     fallback = keras_als.Float32Fallback(x[:8], y[:8], verbose=False)
     model.fit(x, y, batch_size=8, verbose=0, shuffle=False, callbacks=[fallback])
     skipped = int(optimizer.skipped_steps.numpy())
     print(f"skipped: keras_als with the fallback {skipped}, Keras {keras_skipped}")
-    [(_, layers)] = fallback.applied
+    [(step, layers)] = fallback.applied
+    assert step == 0
     assert layers[:2] == ["patch_embedding/conv_projection", "patch_embedding/norm"], layers
-    last_overflow = max(optimizer.telemetry()["last_overflow_step"].values())
-    assert skipped < keras_skipped and last_overflow < 20, (skipped, keras_skipped, last_overflow)
+    assert skipped <= 2 and skipped < keras_skipped, (skipped, keras_skipped)
     assert all(np.isfinite(w).all() for w in model.get_weights())

@@ -9,7 +9,7 @@ from benchmarks.flat_regions import plan
 from benchmarks.harness import stats
 
 FLOAT32, KERAS = "float32", "keras_lso"
-OURS = ("als_max_safe", plan.DIAGNOSED.name, plan.FALLBACK.name)
+OURS = ("als_max_safe", plan.CALIBRATED.name, plan.DIAGNOSED.name, plan.FALLBACK.name)
 
 
 def _of(rows: list[dict], model: str, method: str) -> list[dict]:
@@ -52,8 +52,10 @@ def comparisons(rows: list[dict], model: str) -> list[str]:
             {s: r["outcome"] for s, r in ours.items()},
             {s: r["outcome"] for s, r in reference.items()},
         )
-        within = math.isfinite(error) and abs(mean) <= 2 * error
-        verdict = "within two standard errors" if within else "outside two standard errors"
+        verdict = "within two standard errors"
+        if not (math.isfinite(error) and abs(mean) <= 2 * error):
+            side = "lower (better)" if mean < 0 else "higher (worse)"
+            verdict = f"{side} beyond two standard errors"
         more = [s for s in sorted(ours) if s in keras and ours[s]["skipped"] > keras[s]["skipped"]]
         lines.append(
             f"- {name}: held-out loss minus float32's {mean:+.4f} ± {error:.4f} ({seeds} seeds, "
@@ -68,7 +70,7 @@ def comparisons(rows: list[dict], model: str) -> list[str]:
             f"{', '.join(first['float32_layers']) or 'none'}."
         )
         seconds = statistics.fmean(r["diagnose_seconds"] for r in diagnosed)
-        lines.append(f"- `diagnose` and `apply` took {seconds:.1f} s a seed.")
+        lines.append(f"- `diagnose`, `apply` and `calibrate` took {seconds:.1f} s a seed.")
     fallback = _of(rows, model, plan.FALLBACK.name)
     if fallback:
         done = [
