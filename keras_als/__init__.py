@@ -1,6 +1,6 @@
 """keras_als: adaptive (layer-wise) loss scaling for float16 training in Keras 3.
 
-Six parts:
+Seven parts:
 
 - `wrap_model` instruments the user's own model in place: a scale boundary
   at the inputs of every layer with trainable weights, at any depth, and of
@@ -15,8 +15,11 @@ Six parts:
 - `diagnose` names the layers no float16 scale can hold (their gradients
   span more than float16's range, or their float16 output is not finite),
   measured on one batch; its `Diagnosis.apply` computes them in float32.
-- `Float32Fallback` (a Keras callback) does the same during `fit`, when the
-  optimizer's telemetry says float16 no longer holds a layer.
+- `calibrate` chooses every scale from a float32 measurement of one batch
+  before the first step, so that none is skipped finding them.
+- `Float32Fallback` (a Keras callback) diagnoses and calibrates when `fit`
+  begins, and diagnoses again when the optimizer's telemetry says float16
+  no longer holds a layer.
 
 Example:
 

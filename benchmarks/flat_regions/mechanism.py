@@ -127,6 +127,7 @@ def measure(name: str, later_steps: int | None = None) -> dict:
             one.model.compile(
                 optimizer=one.optimizer, jit_compile=spec.jit_compile, auto_scale_loss=True
             )
+            keras_als.calibrate(one.model, batch_x, batch_y)
         return one
 
     reference = arm(plan.METHODS[0])
