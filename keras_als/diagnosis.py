@@ -45,8 +45,12 @@ class Finding:
         layer: The layer's path inside the model (`layer.path`, less the
             model's own name where it starts with it).
         reason: `"forward"` (its output is not finite in float16, its inputs
-            are), `"input"` (its input, finite, is not once cast to float16)
-            are) or `"range"` (its gradients span more than float16 holds).
+            are), `"input"` (its input, finite, is not once cast to float16),
+            `"range"` (its gradients span more than float16 holds) or
+            `"mixed"` (its own operations combine a float32 layer's output
+            with float16 tensors once the others are in float32: a Swin
+            block's attention adds its float16 mask to the scores of a
+            float32 projection).
         largest: The largest magnitude of its float32 gradients (`"range"`).
         underflow_share: The share of its non-zero float32 gradients that
             flush to zero in float16 at the largest power-of-two scale at
@@ -63,6 +67,11 @@ class Finding:
             return f"{self.layer}: its float16 output is not finite (its inputs are)"
         if self.reason == "input":
             return f"{self.layer}: its input overflows float16 when cast to it (its compute dtype)"
+        if self.reason == "mixed":
+            return (
+                f"{self.layer}: combines a float32 layer's output with float16 tensors "
+                "(in float32 with it)"
+            )
         return (
             f"{self.layer}: gradients up to {self.largest:.1e}; at the largest scale that "
             f"holds them, {self.underflow_share:.0%} of its non-zero gradients flush to zero"
@@ -169,8 +178,10 @@ def diagnose(
     with _state_kept(model):
         forward = _forward_not_finite(model, x)
         if forward:
-            return Diagnosis(tuple(Finding(path, reason) for path, reason in forward))
-        return Diagnosis(tuple(_range_findings(model, x, y, loss)))
+            findings = [Finding(path, reason) for path, reason in forward]
+        else:
+            findings = _range_findings(model, x, y, loss)
+        return Diagnosis(tuple(findings + _mixing_layers(model, x, findings)))
 
 
 @contextlib.contextmanager
@@ -347,6 +358,39 @@ def _range_findings(model, x, y, loss) -> list[Finding]:
         if share > UNDERFLOW_LIMIT:
             findings.append(Finding(_path(layer, model), "range", largest, share))
     return findings
+
+
+def _mixing_layers(model, x, findings: list[Finding]) -> list[Finding]:
+    """The layers that must compute in float32 too for `model` to run once
+    `findings` are applied: a layer that owns a found one and combines its
+    float32 output with its own float16 tensors in raw operations fails with
+    a dtype mismatch (Keras casts a layer's inputs, not what happens inside
+    its `call`). Each try runs the forward pass with the layers found so far
+    in float32; the innermost layer whose call raised joins them."""
+    found = [f.layer for f in findings]
+    added, calling = [], []  # calling: the layers whose call has begun and not ended
+
+    def before(layer, args, kwargs):
+        calling.append(layer)
+
+    def record(layer, args, kwargs, outputs):
+        calling.pop()
+
+    while found:
+        calling.clear()
+        with _policies_kept(model):
+            _to_float32(_layers_by_path(model, found))
+            try:
+                with _recording_calls(model, record, before):
+                    model(x, training=True)
+                return added
+            except (TypeError, tf.errors.InvalidArgumentError):
+                if not calling or _path(calling[-1], model) in found:
+                    raise
+        path = _path(calling[-1], model)
+        found.append(path)
+        added.append(Finding(path, "mixed"))
+    return added
 
 
 def _underflow_at_safe_scale(magnitudes: np.ndarray) -> tuple[float, float]:

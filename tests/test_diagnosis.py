@@ -178,6 +178,63 @@ def test_diagnose_names_swin_s_patch_embedding_and_changes_nothing(wrapped):
     assert all(layer.__dict__.get("call") is call for layer, call in calls)
 
 
+def _shifted_window_swin():
+    """A Swin with two blocks a stage, the second shifting its windows (so its
+    attention adds a float16 mask to the scores), on letterboxed canvases:
+    24-pixel canvases of exact zeros inside 4 pixels of zero padding."""
+    import keras_hub
+
+    from benchmarks.flat_regions import models
+
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(1)
+    backbone = keras_hub.models.SwinTransformerBackbone(
+        image_shape=(32, 32, 3),
+        embed_dim=32,
+        depths=[2, 2],
+        num_heads=[2, 4],
+        window_size=4,
+        patch_size=4,
+        drop_path=0.0,
+    )
+    model = keras_hub.models.SwinTransformerImageClassifier(
+        backbone=backbone, num_classes=10, preprocessor=None
+    )
+    x, y = models.classification("train", side=24)
+    return keras_als.wrap_model(model), np.pad(x[:48], [(0, 0), (4, 4), (4, 4), (0, 0)]), y[:48]
+
+
+@pytest.mark.slow
+def test_a_layer_that_adds_float16_to_a_named_layer_s_output_is_named_and_the_fix_trains():
+    """On a Swin with shifted windows, `diagnose` names a block's query-key-value
+    projection for its range; in float32 alone it would make the attention
+    around it add float32 scores to its float16 mask (a dtype error in the
+    traced step), so that attention is named too ("mixed"). With the diagnosis
+    applied the step compiles and trains, and `Float32Fallback` does the same
+    when `fit` begins."""
+    model, x, y = _shifted_window_swin()
+    model.compile(keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3)))
+    found = keras_als.diagnose(model, x[:8], y[:8])
+    mixed = [f.layer for f in found.findings if f.reason == "mixed"]
+    assert mixed and all(m.endswith("/attn") for m in mixed), found
+    assert all(any(n.startswith(m + "/") for n in found.layers) for m in mixed), found
+    found.apply(model)
+    model.compile(
+        keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3)), jit_compile=True
+    )
+    losses = model.fit(x, y, batch_size=8, verbose=0, shuffle=False).history["loss"]
+    assert np.isfinite(losses).all(), losses
+
+    fresh, _, _ = _shifted_window_swin()
+    fresh.compile(
+        keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3)), jit_compile=True
+    )
+    fallback = keras_als.Float32Fallback(x[:8], y[:8], verbose=False)
+    fresh.fit(x, y, batch_size=8, verbose=0, shuffle=False, callbacks=[fallback])
+    step, layers = fallback.applied[0]
+    assert step == 0 and set(mixed) <= set(layers), fallback.applied
+
+
 def _trained_loss(model, optimizer, x, y, steps):
     model.compile(optimizer=optimizer, jit_compile=True)
     model.fit(x[: 8 * steps], y[: 8 * steps], batch_size=8, verbose=0, shuffle=False)
