@@ -125,7 +125,7 @@ def warn_needs_float32(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
         "needs_float32",
         f"keras_als: float16 loses the gradients of {named}{more}. Their gradients "
         "overflowed float16 at loss scales below 1, and at the scale that holds them their "
-        f"gradients flush to zero: those weights do not train. {_telemetry.FLOAT32_FIX}",
+        f"gradients flush to zero: those weights do not train. To fix it, {_telemetry.FLOAT32_FIX}",
         stacklevel=stacklevel,
     )
 
