@@ -94,10 +94,7 @@ def run_seed(name: str, seed: int, blocks: int | None = None, steps_per_block: i
     with scaling.precision("float32"):
         weights = spec.build().get_weights()
     x, y = spec.data("train")
-    needed = blocks * steps_per_block * BATCH
-    rng = np.random.default_rng(seed)
-    order = np.concatenate([rng.permutation(len(x)) for _ in range(-(-needed // len(x)))])
-    order = order[:needed]
+    order = training_order(len(x), seed, blocks * steps_per_block)
     size = steps_per_block * BATCH
 
     def block(b):
@@ -140,6 +137,15 @@ def run_seed(name: str, seed: int, blocks: int | None = None, steps_per_block: i
             row["fallback_applied"] = fallback.callbacks[0].applied
         results.append(row)
     return results
+
+
+def training_order(examples: int, seed: int, steps: int) -> np.ndarray:
+    """The rows of the training canvases seed `seed`'s `steps` batches take, in
+    order: permutations drawn per seed, one after the other."""
+    needed = steps * BATCH
+    rng = np.random.default_rng(seed)
+    order = np.concatenate([rng.permutation(examples) for _ in range(-(-needed // examples))])
+    return order[:needed]
 
 
 def held_out_loss(model: keras.Model, x, y) -> float:
