@@ -21,7 +21,8 @@ import keras
 import tensorflow as tf
 
 from keras_als import _apply_phases, _step_record
-from keras_als.diagnosis import _loss_of, _policies_kept, _state_kept
+from keras_als._forward_checks import policies_kept
+from keras_als.diagnosis import _loss_of, _state_kept
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
 
 
@@ -90,7 +91,7 @@ def calibrate(
         _apply_phases.measure_only(optimizer, _step_record.plan_now(optimizer), grads, variables)
 
     period = optimizer.measure_every_n_steps
-    with _state_kept(model), _policies_kept(model):
+    with _state_kept(model), policies_kept(model):
         for layer in model._flatten_layers(include_self=True):
             layer.dtype_policy = "float32"
         optimizer.measure_every_n_steps = 1  # read when traced: this step measures

@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_als import _forward_checks as forward
 from keras_als import instrument
 from keras_als._keras_private import own_weights
 from keras_als._policy_terms import FLOAT16_MAX, FLOAT16_TINY
@@ -108,7 +109,7 @@ class Diagnosis:
         """Computes the named layers of `model` (and the layers inside them) in
         float32, in place, and returns `model`. Retrace after it: compile the
         model again, or call a new `tf.function`."""
-        _to_float32(_layers_by_path(model, self.layers))
+        forward.to_float32(forward.layers_by_path(model, self.layers))
         instrument.retrace(model)
         return model
 
@@ -141,8 +142,11 @@ def diagnose(
     flush to zero at the largest power of two that holds its largest. Where
     some float16 output is not finite, those layers are reported alone
     (gradients through a NaN say nothing): apply the diagnosis and call
-    `diagnose` again. Weights (moving statistics and seed generators' states
-    too), metrics, optimizer and policies are left as they were.
+    `diagnose` again. Last, the forward pass runs with the layers found in
+    float32, and a layer whose call then fails to combine their float32
+    output with its own float16 tensors is named too. Weights (moving
+    statistics and seed generators' states too), metrics, optimizer and
+    policies are left as they were.
 
     Args:
         model: A built model, wrapped by `wrap_model` or not.
@@ -176,12 +180,13 @@ def diagnose(
         )
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     with _state_kept(model):
-        forward = _forward_not_finite(model, x)
-        if forward:
-            findings = [Finding(path, reason) for path, reason in forward]
+        not_finite = forward.forward_not_finite(model, x)
+        if not_finite:
+            findings = [Finding(path, reason) for path, reason in not_finite]
         else:
             findings = _range_findings(model, x, y, loss)
-        return Diagnosis(tuple(findings + _mixing_layers(model, x, findings)))
+        mixed = forward.mixing_layers(model, x, [f.layer for f in findings])
+        return Diagnosis(tuple(findings + [Finding(path, "mixed") for path in mixed]))
 
 
 @contextlib.contextmanager
@@ -200,17 +205,6 @@ def _state_kept(model):
             variable.assign(value)
 
 
-@contextlib.contextmanager
-def _policies_kept(model):
-    """Restores the dtype policy of every layer of `model` when the context closes."""
-    policies = [(layer, layer.dtype_policy) for layer in model._flatten_layers(include_self=True)]
-    try:
-        yield
-    finally:
-        for layer, policy in policies:
-            layer.dtype_policy = policy
-
-
 def _loss_of(model, x, y, y_pred, loss):
     if loss is not None:
         return tf.cast(loss(y, y_pred), tf.float32)
@@ -218,124 +212,18 @@ def _loss_of(model, x, y, y_pred, loss):
     return tf.cast(value, tf.float32)
 
 
-def _floats(structure) -> list:
-    return [
-        t
-        for t in tf.nest.flatten(structure)
-        if isinstance(t, tf.Tensor | tf.Variable) and t.dtype.is_floating
-    ]
-
-
-@contextlib.contextmanager
-def _recording_calls(model, record, before=None):
-    """Every layer of `model` at any depth reports `(layer, args, kwargs,
-    outputs)` of each call to `record` (and `(layer, args, kwargs)` to
-    `before`, if given, as the call starts) while the context is open."""
-    layers = model._flatten_layers(include_self=False)
-    saved = []
-    for layer in layers:
-        method = layer.call
-        had_own = "call" in layer.__dict__
-
-        def call(*args, _layer=layer, _method=method, **kwargs):
-            if before is not None:
-                before(_layer, args, kwargs)
-            outputs = _method(*args, **kwargs)
-            record(_layer, args, kwargs, outputs)
-            return outputs
-
-        # Past Keras's __setattr__, as `wrap_model`'s hooks are: a function is no state.
-        object.__setattr__(layer, "call", call)
-        saved.append((layer, had_own, method))
-    try:
-        yield
-    finally:
-        for layer, had_own, method in saved:
-            if had_own:
-                object.__setattr__(layer, "call", method)
-            else:
-                object.__delattr__(layer, "call")
-
-
-def _forward_not_finite(model, x) -> list[tuple[str, str]]:
-    """The innermost layers whose float16 output is not finite, inputs finite
-    (or whose input cast to float16 is not), with the reason.
-
-    A layer downstream of one whose output is not finite shows only once that
-    one computes in float32, so the forward pass runs again with the layers
-    found so far in float32 until it finds no more (policies restored after).
-    """
-    found: list[tuple[str, str]] = []
-    with _policies_kept(model):
-        while True:
-            new = [p for p in _first_not_finite(model, x) if p not in found]
-            if not new:
-                return found
-            found += new
-            _to_float32(_layers_by_path(model, [path for path, _ in new]))
-
-
-def _to_float32(layers: list) -> None:
-    """Sets each of `layers`, and every layer inside it, to compute in float32."""
-    for layer in layers:
-        for inner in layer._flatten_layers(include_self=True):
-            inner.dtype_policy = "float32"
-
-
-def _first_not_finite(model, x) -> list[tuple[str, str]]:
-    """The layers where the forward pass first stops being finite: a layer's
-    output not finite while its inputs are, or a layer whose inputs arrive
-    not finite while no output before was (the cast of a float32 input to
-    its float16 overflowed: Keras casts inputs before `call`). The second
-    only for a float16 layer whose non-finite inputs are infinities, not NaN,
-    after some finite output beyond float16's range: what such a cast makes."""
-    origins = []
-    seen = {"not_finite": False, "beyond_float16": False}
-
-    def finite(structure):
-        return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in _floats(structure))
-
-    def before(layer, args, kwargs):
-        if seen["not_finite"] or finite((args, kwargs)):
-            return
-        seen["not_finite"] = True
-        nan = any(bool(tf.reduce_any(tf.math.is_nan(t))) for t in _floats((args, kwargs)))
-        if seen["beyond_float16"] and not nan and layer.compute_dtype == "float16":
-            origins.append((layer, "input"))
-
-    def record(layer, args, kwargs, outputs):
-        if not finite(outputs):
-            if finite((args, kwargs)):
-                origins.append((layer, "forward"))
-            seen["not_finite"] = True
-        elif any(bool(tf.reduce_max(tf.abs(t)) > FLOAT16_MAX) for t in _floats(outputs)):
-            seen["beyond_float16"] = True
-
-    if not finite(x):
-        raise ValueError("keras_als.diagnose: the inputs x are not finite; check the data.")
-    with _recording_calls(model, record, before):
-        model(x, training=True)
-    paths = []
-    for layer, reason in origins:
-        inner = {id(i) for i in layer._flatten_layers(include_self=False)}
-        path = _path(layer, model)
-        if not any(id(o) in inner for o, _ in origins) and path not in [p for p, _ in paths]:
-            paths.append((path, reason))
-    return paths
-
-
 def _range_findings(model, x, y, loss) -> list[Finding]:
     outputs = {}
 
     def record(layer, args, kwargs, result):
         if any(w.trainable for w in own_weights(layer)):
-            outputs.setdefault(id(layer), (layer, []))[1].extend(_floats(result))
+            outputs.setdefault(id(layer), (layer, []))[1].extend(forward.floats(result))
 
-    with _policies_kept(model):
+    with forward.policies_kept(model):
         for layer in model._flatten_layers(include_self=True):
             layer.dtype_policy = "float32"
         variables = model.trainable_variables
-        with tf.GradientTape() as tape, _recording_calls(model, record):
+        with tf.GradientTape() as tape, forward.recording_calls(model, record):
             y_pred = model(x, training=True)
             value = _loss_of(model, x, y, y_pred, loss)
         watched = [t for _, ts in outputs.values() for t in ts]
@@ -356,41 +244,8 @@ def _range_findings(model, x, y, loss) -> list[Finding]:
         )
         share, largest = _underflow_at_safe_scale(magnitudes)
         if share > UNDERFLOW_LIMIT:
-            findings.append(Finding(_path(layer, model), "range", largest, share))
+            findings.append(Finding(forward.path(layer, model), "range", largest, share))
     return findings
-
-
-def _mixing_layers(model, x, findings: list[Finding]) -> list[Finding]:
-    """The layers that must compute in float32 too for `model` to run once
-    `findings` are applied: a layer that owns a found one and combines its
-    float32 output with its own float16 tensors in raw operations fails with
-    a dtype mismatch (Keras casts a layer's inputs, not what happens inside
-    its `call`). Each try runs the forward pass with the layers found so far
-    in float32; the innermost layer whose call raised joins them."""
-    found = [f.layer for f in findings]
-    added, calling = [], []  # calling: the layers whose call has begun and not ended
-
-    def before(layer, args, kwargs):
-        calling.append(layer)
-
-    def record(layer, args, kwargs, outputs):
-        calling.pop()
-
-    while found:
-        calling.clear()
-        with _policies_kept(model):
-            _to_float32(_layers_by_path(model, found))
-            try:
-                with _recording_calls(model, record, before):
-                    model(x, training=True)
-                return added
-            except (TypeError, tf.errors.InvalidArgumentError):
-                if not calling or _path(calling[-1], model) in found:
-                    raise
-        path = _path(calling[-1], model)
-        found.append(path)
-        added.append(Finding(path, "mixed"))
-    return added
 
 
 def _underflow_at_safe_scale(magnitudes: np.ndarray) -> tuple[float, float]:
@@ -404,20 +259,3 @@ def _underflow_at_safe_scale(magnitudes: np.ndarray) -> tuple[float, float]:
     scale = 2.0 ** math.floor(math.log2(FLOAT16_MAX / largest))
     # Below half the smallest subnormal, float16 rounds to zero.
     return float(np.mean(nonzero * scale < FLOAT16_TINY / 2)), largest
-
-
-def _path(layer, model) -> str:
-    """`layer`'s path inside `model` (a Sequential's layers' paths start with its name)."""
-    path, prefix = layer.path or layer.name, f"{model.path or model.name}/"
-    return path[len(prefix) :] if path.startswith(prefix) else path
-
-
-def _layers_by_path(model, paths: list[str]) -> list:
-    found = {_path(layer, model): layer for layer in model._flatten_layers(include_self=False)}
-    missing = [p for p in paths if p not in found]
-    if missing:
-        raise ValueError(
-            f"keras_als: no layer of {model.name!r} has the path(s) {missing}: apply a "
-            "diagnosis to the model it was made for."
-        )
-    return [found[p] for p in paths]

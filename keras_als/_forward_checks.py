@@ -1,0 +1,187 @@
+"""The forward pass watched layer by layer, for `diagnose`.
+
+- `forward_not_finite`: the innermost layers whose float16 output is not
+  finite while their inputs are (or whose input overflows in its cast to
+  float16), found again with those in float32 until none is left;
+- `mixing_layers`: the layers whose call fails once given layers compute in
+  float32, because it combines their float32 output with its own float16
+  tensors in raw operations (Keras casts a layer's inputs, not the tensors
+  inside its `call`);
+- `recording_calls`, `policies_kept`, `to_float32`: the means, each a layer's
+  `call` hooked, its dtype policy set and restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+from keras_als._policy_terms import FLOAT16_MAX
+
+
+@contextlib.contextmanager
+def policies_kept(model):
+    """Restores the dtype policy of every layer of `model` when the context closes."""
+    policies = [(layer, layer.dtype_policy) for layer in model._flatten_layers(include_self=True)]
+    try:
+        yield
+    finally:
+        for layer, policy in policies:
+            layer.dtype_policy = policy
+
+
+def to_float32(layers: list) -> None:
+    """Sets each of `layers`, and every layer inside it, to compute in float32."""
+    for layer in layers:
+        for inner in layer._flatten_layers(include_self=True):
+            inner.dtype_policy = "float32"
+
+
+def path(layer, model) -> str:
+    """`layer`'s path inside `model` (a Sequential's layers' paths start with its name)."""
+    full, prefix = layer.path or layer.name, f"{model.path or model.name}/"
+    return full[len(prefix) :] if full.startswith(prefix) else full
+
+
+def layers_by_path(model, paths: list[str]) -> list:
+    found = {path(layer, model): layer for layer in model._flatten_layers(include_self=False)}
+    missing = [p for p in paths if p not in found]
+    if missing:
+        raise ValueError(
+            f"keras_als: no layer of {model.name!r} has the path(s) {missing}: apply a "
+            "diagnosis to the model it was made for."
+        )
+    return [found[p] for p in paths]
+
+
+def floats(structure) -> list:
+    return [
+        t
+        for t in tf.nest.flatten(structure)
+        if isinstance(t, tf.Tensor | tf.Variable) and t.dtype.is_floating
+    ]
+
+
+@contextlib.contextmanager
+def recording_calls(model, record, before=None):
+    """Every layer of `model` at any depth reports `(layer, args, kwargs,
+    outputs)` of each call to `record` (and `(layer, args, kwargs)` to
+    `before`, if given, as the call starts) while the context is open."""
+    layers = model._flatten_layers(include_self=False)
+    saved = []
+    for layer in layers:
+        method = layer.call
+        had_own = "call" in layer.__dict__
+
+        def call(*args, _layer=layer, _method=method, **kwargs):
+            if before is not None:
+                before(_layer, args, kwargs)
+            outputs = _method(*args, **kwargs)
+            record(_layer, args, kwargs, outputs)
+            return outputs
+
+        # Past Keras's __setattr__, as `wrap_model`'s hooks are: a function is no state.
+        object.__setattr__(layer, "call", call)
+        saved.append((layer, had_own, method))
+    try:
+        yield
+    finally:
+        for layer, had_own, method in saved:
+            if had_own:
+                object.__setattr__(layer, "call", method)
+            else:
+                object.__delattr__(layer, "call")
+
+
+def forward_not_finite(model, x) -> list[tuple[str, str]]:
+    """The innermost layers whose float16 output is not finite, inputs finite
+    (or whose input cast to float16 is not), with the reason.
+
+    A layer downstream of one whose output is not finite shows only once that
+    one computes in float32, so the forward pass runs again with the layers
+    found so far in float32 until it finds no more (policies restored after).
+    """
+    found: list[tuple[str, str]] = []
+    with policies_kept(model):
+        while True:
+            new = [p for p in first_not_finite(model, x) if p not in found]
+            if not new:
+                return found
+            found += new
+            to_float32(layers_by_path(model, [p for p, _ in new]))
+
+
+def first_not_finite(model, x) -> list[tuple[str, str]]:
+    """The layers where the forward pass first stops being finite: a layer's
+    output not finite while its inputs are, or a layer whose inputs arrive
+    not finite while no output before was (the cast of a float32 input to
+    its float16 overflowed: Keras casts inputs before `call`). The second
+    only for a float16 layer whose non-finite inputs are infinities, not NaN,
+    after some finite output beyond float16's range: what such a cast makes."""
+    origins = []
+    seen = {"not_finite": False, "beyond_float16": False}
+
+    def finite(structure):
+        return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in floats(structure))
+
+    def before(layer, args, kwargs):
+        if seen["not_finite"] or finite((args, kwargs)):
+            return
+        seen["not_finite"] = True
+        nan = any(bool(tf.reduce_any(tf.math.is_nan(t))) for t in floats((args, kwargs)))
+        if seen["beyond_float16"] and not nan and layer.compute_dtype == "float16":
+            origins.append((layer, "input"))
+
+    def record(layer, args, kwargs, outputs):
+        if not finite(outputs):
+            if finite((args, kwargs)):
+                origins.append((layer, "forward"))
+            seen["not_finite"] = True
+        elif any(bool(tf.reduce_max(tf.abs(t)) > FLOAT16_MAX) for t in floats(outputs)):
+            seen["beyond_float16"] = True
+
+    if not finite(x):
+        raise ValueError("keras_als.diagnose: the inputs x are not finite; check the data.")
+    with recording_calls(model, record, before):
+        model(x, training=True)
+    paths = []
+    for layer, reason in origins:
+        inner = {id(i) for i in layer._flatten_layers(include_self=False)}
+        layer_path = path(layer, model)
+        if not any(id(o) in inner for o, _ in origins) and layer_path not in [p for p, _ in paths]:
+            paths.append((layer_path, reason))
+    return paths
+
+
+def mixing_layers(model, x, paths: list[str]) -> list[str]:
+    """The layers that must compute in float32 too for `model` to run with
+    the layers at `paths` in float32: a layer that owns one of them and
+    combines its float32 output with its own float16 tensors in raw
+    operations fails with a dtype mismatch. Each try runs the forward pass
+    with the layers found so far in float32; the innermost layer whose call
+    raised joins them."""
+    found, added = list(paths), []
+    calling = []  # the layers whose call has begun and not ended
+
+    def before(layer, args, kwargs):
+        calling.append(layer)
+
+    def record(layer, args, kwargs, outputs):
+        calling.pop()
+
+    while found:
+        calling.clear()
+        with policies_kept(model):
+            to_float32(layers_by_path(model, found))
+            try:
+                with recording_calls(model, record, before):
+                    model(x, training=True)
+                return added
+            except (TypeError, tf.errors.InvalidArgumentError):
+                if not calling or path(calling[-1], model) in found:
+                    raise
+        raised = path(calling[-1], model)
+        found.append(raised)
+        added.append(raised)
+    return added
