@@ -179,9 +179,9 @@ def mixing_layers(model, x, paths: list[str]) -> list[str]:
                     model(x, training=True)
                 return added
             except (TypeError, tf.errors.InvalidArgumentError):
-                if not calling or path(calling[-1], model) in found:
+                raised = path(calling[-1], model) if calling else None
+                if raised is None or raised in found:
                     raise
-        raised = path(calling[-1], model)
         found.append(raised)
         added.append(raised)
     return added

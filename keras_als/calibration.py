@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from keras_als import _apply_phases, _step_record
-from keras_als._forward_checks import policies_kept
+from keras_als._forward_checks import policies_kept, to_float32
 from keras_als.diagnosis import _loss_of, _state_kept
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
 
@@ -92,8 +92,7 @@ def calibrate(
 
     period = optimizer.measure_every_n_steps
     with _state_kept(model), policies_kept(model):
-        for layer in model._flatten_layers(include_self=True):
-            layer.dtype_policy = "float32"
+        to_float32([model])
         optimizer.measure_every_n_steps = 1  # read when traced: this step measures
         try:
             measure(x, y)

@@ -220,8 +220,7 @@ def _range_findings(model, x, y, loss) -> list[Finding]:
             outputs.setdefault(id(layer), (layer, []))[1].extend(forward.floats(result))
 
     with forward.policies_kept(model):
-        for layer in model._flatten_layers(include_self=True):
-            layer.dtype_policy = "float32"
+        forward.to_float32([model])
         variables = model.trainable_variables
         with tf.GradientTape() as tape, forward.recording_calls(model, record):
             y_pred = model(x, training=True)

@@ -182,24 +182,11 @@ def _shifted_window_swin():
     """A Swin with two blocks a stage, the second shifting its windows (so its
     attention adds a float16 mask to the scores), on letterboxed canvases:
     24-pixel canvases of exact zeros inside 4 pixels of zero padding."""
-    import keras_hub
-
     from benchmarks.flat_regions import models
 
     keras.config.set_dtype_policy("mixed_float16")
     keras.utils.set_random_seed(1)
-    backbone = keras_hub.models.SwinTransformerBackbone(
-        image_shape=(32, 32, 3),
-        embed_dim=32,
-        depths=[2, 2],
-        num_heads=[2, 4],
-        window_size=4,
-        patch_size=4,
-        drop_path=0.0,
-    )
-    model = keras_hub.models.SwinTransformerImageClassifier(
-        backbone=backbone, num_classes=10, preprocessor=None
-    )
+    model = models.swin_classifier(embed_dim=32, depths=(2, 2), patch_size=4)
     x, y = models.classification("train", side=24)
     return keras_als.wrap_model(model), np.pad(x[:16], [(0, 0), (4, 4), (4, 4), (0, 0)]), y[:16]
 

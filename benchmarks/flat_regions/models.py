@@ -15,18 +15,18 @@ NUM_CLASSES = 10
 """Digit classes (a segmenter adds the background, class 0)."""
 
 
-def swin_classifier() -> keras.Model:
+def swin_classifier(embed_dim: int = 24, depths=(1, 1), patch_size: int = 2) -> keras.Model:
     """A Swin classifier on 32x32 images: embed 24, depths [1, 1], heads [2, 4],
-    window 4, patch 2."""
+    window 4, patch 2 (the study's; the tests also build other sizes)."""
     import keras_hub
 
     backbone = keras_hub.models.SwinTransformerBackbone(
         image_shape=(32, 32, 3),
-        embed_dim=24,
-        depths=[1, 1],
+        embed_dim=embed_dim,
+        depths=list(depths),
         num_heads=[2, 4],
         window_size=4,
-        patch_size=2,
+        patch_size=patch_size,
         drop_path=0.0,
     )
     return keras_hub.models.SwinTransformerImageClassifier(
