@@ -1,8 +1,10 @@
-"""The study's command line: `python -m benchmarks.flat_regions [--quick] [--models ...]`.
+"""The study's command line:
+`python -m benchmarks.flat_regions [--quick] [--models ...] [--seeds ...]`.
 
-Runs every seed of the plan for each model in this process, then writes
-`flat_regions.json` (every run) and `flat_regions.md` (the section RESULTS.md
-takes in).
+Runs every seed of the plan (or those of `--seeds`) for each model in this
+process, then writes `flat_regions.json` (every run, with those of other models
+and seeds kept from the file before) and `flat_regions.md` (the section
+RESULTS.md takes in).
 """
 
 from __future__ import annotations
@@ -27,14 +29,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--models", nargs="+", choices=sorted(plan.MODELS), default=list(plan.MODELS)
     )
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, help="of each model's plan (default: all of them)"
+    )
     parser.add_argument("--out", help="output folder (default benchmarks/results[/quick])")
     args = parser.parse_args(argv)
-    settings = plan.QUICK if args.quick else {"seeds": plan.SEEDS}
-    arguments = {k: v for k, v in settings.items() if k != "seeds"}
+    arguments = {k: v for k, v in plan.QUICK.items() if k != "seeds"} if args.quick else {}
     start = time.perf_counter()
     rows = []
     for model in args.models:
-        for seed in settings["seeds"]:
+        seeds = plan.QUICK["seeds"] if args.quick else plan.MODELS[model].seeds
+        unplanned = set(args.seeds or ()) - set(seeds)
+        if unplanned:
+            parser.error(f"--seeds {sorted(unplanned)} are not in {model}'s plan {seeds}")
+        for seed in args.seeds or seeds:
             done = plan.run_seed(model, seed, **arguments)
             rows += done
             print(
@@ -56,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     folder = args.out or os.path.join(here, "results", "quick" if args.quick else "")
     os.makedirs(folder, exist_ok=True)
-    results = kept_from_earlier(results, os.path.join(folder, "flat_regions.json"), args.models)
+    path = os.path.join(folder, "flat_regions.json")
+    results = kept_from_earlier(results, path, args.models, args.seeds)
     text = report.markdown(results)
     with open(os.path.join(folder, "flat_regions.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -80,27 +89,35 @@ def recorded_command(argv: list[str]) -> str:
     return " ".join(["python -m benchmarks.flat_regions", *kept])
 
 
-def kept_from_earlier(results: dict, path: str, models: list[str]) -> dict:
-    """`results`, with the runs of the models not run now kept from the file
-    at `path` (if any), and which command, date and keras_als code made those
-    (`"kept"`), so that each model can run in a process of its own."""
+def kept_from_earlier(
+    results: dict, path: str, models: list[str], seeds: list[int] | None = None
+) -> dict:
+    """`results`, with the runs of the file at `path` (if any) that were not run
+    now (other models, or other seeds than `seeds`) kept, and which command,
+    date and keras_als code made those (`"kept"`: per model, its seeds), so
+    that each model and seed can run in a process of its own."""
     if not os.path.exists(path):
         return results
     with open(path) as f:
         earlier = json.load(f)
-    others = [r for r in earlier["runs"] if r["model"] not in models]
+    others = [
+        r
+        for r in earlier["runs"]
+        if r["model"] not in models or (seeds is not None and r["seed"] not in seeds)
+    ]
     if not others:
         return results
-    kept = {r["model"] for r in others}
-    older = earlier.get("kept", [])  # what the earlier file itself kept
-    own = kept - {m for k in older for m in k["models"]}
-    source = [k | {"models": sorted(set(k["models"]) & kept)} for k in older] + [
-        {
-            "models": sorted(own),
-            "command": earlier["command"],
-            "date": earlier["date"],
-            "code": earlier.get("provenance", "unknown"),
-        }
-    ]
-    source = [k for k in source if k["models"]]
-    return results | {"runs": results["runs"] + others, "kept": source}
+    kept = {(r["model"], r["seed"]) for r in others}
+    sources = []
+    for source in [
+        *earlier.get("kept", []),  # what the earlier file itself kept
+        {"command": earlier["command"], "date": earlier["date"]}
+        | {"code": earlier.get("provenance", "unknown")},
+    ]:
+        for model in source.get("models", sorted({m for m, _ in kept})):
+            credited = {s for m, s in kept if m == model and s in source.get("seeds", [s])}
+            if credited:
+                kept -= {(model, s) for s in credited}
+                entry = {k: v for k, v in source.items() if k not in ("models", "seeds")}
+                sources.append({"models": [model], "seeds": sorted(credited)} | entry)
+    return results | {"runs": results["runs"] + others, "kept": sources}

@@ -21,7 +21,11 @@ arm was added, the diagnosed arm calibrates after applying, and
 were raised from 600 to 2,100 after that run, in which no method learned past
 chance (held-out loss 2.30-2.33, float32 too): chosen on float32 alone, whose
 held-out loss on seeds 1 and 2 was 2.33 and 2.31 after 300 steps, 2.09 and
-2.25 after 1,500, 1.83 and 2.16 after 2,100. Outcomes, on 256 held-out
+2.25 after 1,500, 1.83 and 2.16 after 2,100. Swin's seeds 6-10
+(`SWIN_SEEDS`) were added after its 5 seeds left every keras_als method's
+gap to float32 (+0.11 to +0.14 in held-out loss) undecided against its
+standard error (0.05-0.08): fixed before their numbers, reported whatever they
+show, and the first 5 seeds' comparison is printed beside the 10 seeds'. Outcomes, on 256 held-out
 canvases: the task's own loss and its metric (accuracy; mIoU over the classes
 present, background included). Every method starts from the same float32
 weights and trains on the same batches, block by block, interleaved in one
@@ -45,6 +49,7 @@ from benchmarks.harness import scaling
 from benchmarks.keras_hub_tasks import training
 
 SEEDS = (1, 2, 3, 4, 5)
+SWIN_SEEDS = (*SEEDS, 6, 7, 8, 9, 10)
 BATCH = 8
 LEARNING_RATE = 1e-3
 CALIBRATED = dataclasses.replace(
@@ -71,10 +76,13 @@ class Model:
     metric: str
     jit_compile: bool = True
     blocks: int = 6
+    seeds: tuple[int, ...] = SEEDS
 
 
 MODELS = {
-    "swin": Model(models.swin_classifier, models.classification, 300, "accuracy", blocks=7),
+    "swin": Model(
+        models.swin_classifier, models.classification, 300, "accuracy", blocks=7, seeds=SWIN_SEEDS
+    ),
     "segformer": Model(
         models.segformer_segmenter, models.segmentation, 50, "mIoU", jit_compile=False
     ),

@@ -39,6 +39,18 @@ def table(rows: list[dict], model: str) -> list[str]:
     return lines
 
 
+def _against(ours: dict, reference: dict, seeds: list[int]) -> str:
+    """The paired difference of held-out losses on `seeds`, and its verdict."""
+    mean, error, count = stats.paired_by_seed(
+        {s: ours[s]["outcome"] for s in seeds}, {s: r["outcome"] for s, r in reference.items()}
+    )
+    verdict = "within two standard errors"
+    if not (math.isfinite(error) and abs(mean) <= 2 * error):
+        side = "lower (better)" if mean < 0 else "higher (worse)"
+        verdict = f"{side} beyond two standard errors"
+    return f"{mean:+.4f} ± {error:.4f} ({count} seeds, {verdict})"
+
+
 def comparisons(rows: list[dict], model: str) -> list[str]:
     """Each keras_als method against float32 (held-out loss) and Keras (skips), by seed."""
     lines = []
@@ -48,18 +60,17 @@ def comparisons(rows: list[dict], model: str) -> list[str]:
         ours = {r["seed"]: r for r in _of(rows, model, name)}
         if not ours:
             continue
-        mean, error, seeds = stats.paired_by_seed(
-            {s: r["outcome"] for s, r in ours.items()},
-            {s: r["outcome"] for s, r in reference.items()},
-        )
-        verdict = "within two standard errors"
-        if not (math.isfinite(error) and abs(mean) <= 2 * error):
-            side = "lower (better)" if mean < 0 else "higher (worse)"
-            verdict = f"{side} beyond two standard errors"
+        early = sorted(s for s in ours if s in plan.SEEDS)
         more = [s for s in sorted(ours) if s in keras and ours[s]["skipped"] > keras[s]["skipped"]]
         lines.append(
-            f"- {name}: held-out loss minus float32's {mean:+.4f} ± {error:.4f} ({seeds} seeds, "
-            f"{verdict}); skips more than Keras's on seeds: {more or 'none'}."
+            f"- {name}: held-out loss minus float32's {_against(ours, reference, list(ours))}"
+            + (
+                f" (the first plan's seeds {early[0]}-{early[-1]} alone: "
+                f"{_against(ours, reference, early)})"
+                if 0 < len(early) < len(ours)
+                else ""
+            )
+            + f"; skips more than Keras's on seeds: {more or 'none'}."
         )
     diagnosed = _of(rows, model, plan.DIAGNOSED.name)
     if diagnosed:
@@ -96,8 +107,9 @@ def markdown(results: dict) -> str:
         f"- keras_als measured: {results['provenance']}",
     ]
     for kept in results.get("kept", []):
+        seeds = f" (seeds {', '.join(map(str, kept['seeds']))})" if "seeds" in kept else ""
         lines.append(
-            f"- Runs of {', '.join(kept['models'])} kept from `{kept['command']}` "
+            f"- Runs of {', '.join(kept['models'])}{seeds} kept from `{kept['command']}` "
             f"({kept['date']}{'; keras_als ' + kept['code'] if 'code' in kept else ''})"
         )
     for model in plan.MODELS:

@@ -77,6 +77,24 @@ def test_the_comparisons_pair_by_seed_and_name_the_seeds_where_keras_als_skips_m
     assert any("| 104.7 (5-304) |" in line for line in table)
 
 
+def test_seeds_added_to_the_first_plan_s_are_compared_with_and_without_them():
+    differences = {1: 0.1, 2: 0.3, 3: 0.2, 4: 0.1, 5: 0.3, 6: -0.1, 7: 0.0}
+    rows = []
+    for seed, difference in differences.items():
+        rows += [
+            _row("swin", "float32", seed, 2.0, 0),
+            _row("swin", "als_max_safe", seed, 2.0 + difference, 0),
+        ]
+    # All 7: mean 0.1286, sd 0.1495, s.e. 0.0565; seeds 1-5: mean 0.2, s.e. 0.0447.
+    line = report.comparisons(rows, "swin")[0]
+    assert line.startswith(
+        "- als_max_safe: held-out loss minus float32's +0.1286 ± 0.0565 (7 seeds, "
+        "higher (worse) beyond two standard errors) (the first plan's seeds 1-5 alone: "
+        "+0.2000 ± 0.0447 (5 seeds, higher (worse) beyond two standard errors));"
+    )
+    assert "first plan" not in report.comparisons(rows[:10], "swin")[0]
+
+
 @pytest.mark.slow
 def test_one_seed_of_the_study_runs_every_method_on_the_vit():
     rows = plan.run_seed("vit", 1, blocks=2, steps_per_block=2)
@@ -115,7 +133,7 @@ def test_a_run_of_one_model_keeps_the_other_models_runs_and_says_from_which_comm
         now | {"runs": [_row("vit", "float32", 1, 2.2, 0)]}, str(path), ["vit"]
     )
     assert [(r["model"], r["outcome"]) for r in merged["runs"]] == [("vit", 2.2), ("swin", 2.0)]
-    swin_then = {"models": ["swin"], "command": earlier["command"], "date": "then"}
+    swin_then = {"models": ["swin"], "seeds": [1], "command": earlier["command"], "date": "then"}
     assert merged["kept"] == [swin_then | {"code": "commit aaa"}]
     # Run swin next: the vit rows (made now) are kept, and nothing of the first file.
     path.write_text(json.dumps(merged))
@@ -124,7 +142,11 @@ def test_a_run_of_one_model_keeps_the_other_models_runs_and_says_from_which_comm
         str(path),
         ["swin"],
     )
-    vit_now = {"models": ["vit"], "command": now["command"], "date": "now", "code": "commit bbb"}
+    vit_now = {"models": ["vit"], "seeds": [1]} | {
+        "command": now["command"],
+        "date": "now",
+        "code": "commit bbb",
+    }
     assert again["kept"] == [vit_now]
     # A third model: each kept model is credited to the command that ran it.
     swin_now = [_row("swin", "float32", 1, 2.1, 0)]
@@ -134,11 +156,55 @@ def test_a_run_of_one_model_keeps_the_other_models_runs_and_says_from_which_comm
     )
     assert third["kept"] == [
         vit_now,
-        {"models": ["swin"], "command": "swin", "date": "later", "code": "commit ccc"},
+        {
+            "models": ["swin"],
+            "seeds": [1],
+            "command": "swin",
+            "date": "later",
+            "code": "commit ccc",
+        },
     ]
     assert command.kept_from_earlier(now | {"runs": []}, str(tmp_path / "none"), ["vit"]) == (
         now | {"runs": []}
     )
+
+
+def test_a_run_of_some_seeds_keeps_the_model_s_other_seeds_and_credits_each_to_its_run(tmp_path):
+    path = tmp_path / "flat_regions.json"
+    first = [_row("swin", "float32", seed, 2.0, 0) for seed in (1, 2, 3)]
+    earlier = {
+        "command": "python -m benchmarks.flat_regions --models swin",
+        "date": "then",
+        "provenance": "commit aaa",
+        "runs": first + [_row("vit", "float32", 1, 2.3, 0)],
+        "kept": [{"models": ["vit"], "command": "vit", "date": "before", "code": "commit 000"}],
+    }
+    path.write_text(json.dumps(earlier))
+    now = [_row("swin", "float32", seed, 2.1, 0) for seed in (3, 4)]
+    merged = command.kept_from_earlier(
+        {"command": "--seeds 3 4", "date": "now", "runs": now}, str(path), ["swin"], [3, 4]
+    )
+    assert sorted((r["seed"], r["outcome"]) for r in merged["runs"] if r["model"] == "swin") == [
+        (1, 2.0),
+        (2, 2.0),
+        (3, 2.1),
+        (4, 2.1),
+    ]
+    assert merged["kept"] == [
+        {"models": ["vit"], "seeds": [1], "command": "vit", "date": "before", "code": "commit 000"},
+        {"models": ["swin"], "seeds": [1, 2]}
+        | {k: earlier[k] for k in ("command", "date")}
+        | {"code": "commit aaa"},
+    ]
+    assert "- Runs of swin (seeds 1, 2) kept from `python -m benchmarks.flat_regions --models" in (
+        report.markdown(merged | {"seconds": 1, "environment": "e", "provenance": "p"})
+    )
+
+
+def test_a_seed_outside_the_model_s_plan_is_refused_before_any_training(capsys):
+    with pytest.raises(SystemExit):
+        command.main(["--models", "vit", "--seeds", "9", "--out", "/nonexistent"])
+    assert "--seeds [9] are not in vit's plan (1, 2, 3, 4, 5)" in capsys.readouterr().err
 
 
 def test_the_recorded_command_leaves_out_where_the_results_were_written():
