@@ -10,6 +10,7 @@ telemetry never changes training.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import keras
 
@@ -54,7 +55,12 @@ def read(optimizer) -> dict:
         "steps": steps,
     }
     telemetry["beyond_float16"] = beyond_float16(telemetry)
-    telemetry["needs_float32"] = needs_float32(telemetry)
+    in_float32 = [
+        name
+        for owner, _, name in (_entries.scaled(optimizer) if built else [])
+        if owner.layer.compute_dtype == "float32"
+    ]
+    telemetry["needs_float32"] = needs_float32(telemetry, in_float32)
     telemetry["warning"] = stuck(telemetry, optimizer.warn_after_skipped_steps)
     return telemetry
 
@@ -74,14 +80,20 @@ LOST_SHARE = 0.5
 """Underflow share at which `needs_float32` counts a layer's gradients as lost."""
 
 
-def needs_float32(telemetry: dict) -> list[str]:
+def needs_float32(telemetry: dict, in_float32: Sequence[str] = ()) -> list[str]:
     """The layers beyond float16 (`beyond_float16`) whose gradients also
     underflow at the scale that holds their largest: at least `LOST_SHARE` of
     them on the last measuring step (with `estimate_underflow` off: all of
     them flushed to zero). No loss scale keeps both ends, so float16 loses
-    those layers' gradients; float32 for them keeps both."""
+    those layers' gradients; float32 for them keeps both. Layers of
+    `in_float32` (computing in float32 already) are left out: float32 for
+    them is no fix (what overflows is the float16 gradient flowing into them)."""
     rates = telemetry["underflow_rate"]
-    return [n for n in telemetry["beyond_float16"] if rates.get(n, 0.0) >= LOST_SHARE]
+    return [
+        n
+        for n in telemetry["beyond_float16"]
+        if rates.get(n, 0.0) >= LOST_SHARE and n not in in_float32
+    ]
 
 
 _FLOOR = round(math.log2(policies.MIN_SCALE))

@@ -271,8 +271,9 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             skipped), `"skipped_in_a_row"`, `"steps"` (applied and skipped),
             `"beyond_float16"`: the layers whose overflows started at a scale
             below 1 (their gradients exceed float16's largest value),
-            `"needs_float32"`: those of them whose gradients also underflow
-            (half or more) at their scale, which float16 cannot train (said
+            `"needs_float32"`: those of them computing in float16 whose
+            gradients also underflow (half or more) at their scale, which
+            float16 cannot train (said
             once as a `UserWarning` naming the float32 fix, here and at the
             end of `fit`), and `"warning"`: None, or why the scaling looks
             stuck (also raised once as a `UserWarning`).

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from keras_als import _telemetry, diagnosis
+from keras_als import _scale_state, _telemetry, diagnosis
 
 SPARSE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -334,6 +334,27 @@ def test_layers_beyond_float16_whose_gradients_also_underflow_need_float32():
     assert _telemetry.needs_float32(telemetry) == ["patch"]
     telemetry["underflow_rate"]["head"] = _telemetry.LOST_SHARE
     assert _telemetry.needs_float32(telemetry) == ["patch", "head"]
+    # A layer computing in float32 already is not told to: that is no fix.
+    assert _telemetry.needs_float32(telemetry, in_float32=["patch"]) == ["head"]
+
+
+def test_telemetry_leaves_layers_already_computing_in_float32_out_of_needs_float32():
+    inputs = keras.Input((4,))
+    patch = keras.layers.Dense(4, name="patch", dtype="mixed_float16")
+    head = keras.layers.Dense(1, name="head", dtype="float32")
+    model = keras_als.wrap_model(keras.Model(inputs, head(patch(inputs))))
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
+    optimizer.build(model.trainable_variables)
+    # Both layers' state as a layer float16 cannot hold: overflows at 2**-24, all underflowing.
+    table = _scale_state.table(optimizer).numpy()
+    for name, value in [("scale", 2.0**-24), ("overflow_counts", 12), ("underflow_rates", 1.0)]:
+        table[_scale_state.PER_SCALE.index(name), 1:] = value
+    _scale_state.assign(optimizer, table)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the needs-float32 warning: tested above
+        telemetry = optimizer.telemetry()
+    assert telemetry["beyond_float16"] == ["patch", "head"]
+    assert telemetry["needs_float32"] == ["patch"]
 
 
 def test_the_needs_float32_warning_names_the_layers_and_the_fix_once_and_not_when_stuck():
