@@ -1,5 +1,6 @@
 """The flat-regions study (`benchmarks/flat_regions`): its data, its tables, one tiny run."""
 
+import dataclasses
 import json
 import math
 
@@ -96,7 +97,11 @@ def test_seeds_added_to_the_first_plan_s_are_compared_with_and_without_them():
 
 
 @pytest.mark.slow
-def test_one_seed_of_the_study_runs_every_method_on_the_vit():
+def test_one_seed_of_the_study_runs_every_method_on_the_vit(monkeypatch):
+    # Without XLA: compiling each arm's steps would take most of the test's time
+    # (the study runs with XLA; test_calibration.py and test_diagnosis.py train Swin with it).
+    vit = dataclasses.replace(plan.MODELS["vit"], jit_compile=False)
+    monkeypatch.setitem(plan.MODELS, "vit", vit)
     rows = plan.run_seed("vit", 1, blocks=2, steps_per_block=2)
     assert [r["method"] for r in rows] == [m.name for m in plan.METHODS]
     assert all(r["steps"] == 4 and math.isfinite(r["step_seconds"]) for r in rows)

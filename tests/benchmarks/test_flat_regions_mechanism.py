@@ -1,9 +1,11 @@
 """The flat-regions mechanism: per-layer float32 ranges and lost shares, against closed forms."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from benchmarks.flat_regions import mechanism, mechanism_report
+from benchmarks.flat_regions import mechanism, mechanism_report, plan
 
 
 def test_a_layer_s_range_gives_its_extremes_and_the_shares_beyond_float16_at_scale_1():
@@ -86,7 +88,11 @@ def test_each_model_says_the_code_it_was_measured_on_or_that_it_is_unknown():
 
 
 @pytest.mark.slow
-def test_the_mechanism_runs_on_the_vit_and_finds_float16_enough_there(tmp_path):
+def test_the_mechanism_runs_on_the_vit_and_finds_float16_enough_there(tmp_path, monkeypatch):
+    # Without XLA: compiling each arm's steps would take most of the test's time
+    # (the study runs with XLA; test_calibration.py and test_diagnosis.py train Swin with it).
+    vit = dataclasses.replace(plan.MODELS["vit"], jit_compile=False)
+    monkeypatch.setitem(plan.MODELS, "vit", vit)
     assert mechanism.main(["--quick", "--models", "vit", "--out", str(tmp_path)]) == 0
     import json
 
