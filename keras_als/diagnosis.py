@@ -47,15 +47,20 @@ class Finding:
             model's own name where it starts with it).
         reason: `"forward"` (its output is not finite in float16, its inputs
             are), `"input"` (its input, finite, is not once cast to float16),
-            `"range"` (its gradients span more than float16 holds) or
+            `"range"` (its gradients span more than float16 holds),
+            `"input_range"` (the gradients into its input do: Keras casts a
+            float16 layer's inputs to float16 as they enter, so that gradient
+            passes through float16 even where the layers around it compute in
+            float32; a Swin block takes its residual stream so) or
             `"mixed"` (its own operations combine a float32 layer's output
             with float16 tensors once the others are in float32: a Swin
             block's attention adds its float16 mask to the scores of a
             float32 projection).
-        largest: The largest magnitude of its float32 gradients (`"range"`).
+        largest: The largest magnitude of its float32 gradients (`"range"`,
+            `"input_range"`: of those into its input).
         underflow_share: The share of its non-zero float32 gradients that
             flush to zero in float16 at the largest power-of-two scale at
-            which the largest does not overflow (`"range"`).
+            which the largest does not overflow (`"range"`, `"input_range"`).
     """
 
     layer: str
@@ -73,9 +78,10 @@ class Finding:
                 f"{self.layer}: combines a float32 layer's output with float16 tensors "
                 "(in float32 with it)"
             )
+        which = "the gradients into its input" if self.reason == "input_range" else "gradients"
         return (
-            f"{self.layer}: gradients up to {self.largest:.1e}; at the largest scale that "
-            f"holds them, {self.underflow_share:.0%} of its non-zero gradients flush to zero"
+            f"{self.layer}: {which} up to {self.largest:.1e}; at the largest scale that "
+            f"holds them, {self.underflow_share:.0%} of the non-zero ones flush to zero"
         )
 
 
@@ -137,9 +143,11 @@ def diagnose(
     `mixed_float16`) to find layers whose output is not finite while their
     inputs are (again with those in float32, until none is left), then with
     every layer computing in float32 (their policies are restored after) to
-    measure each layer's gradients: its weights' and its outputs'. A layer
-    needs float32 when more than `UNDERFLOW_LIMIT` of its non-zero gradients
-    flush to zero at the largest power of two that holds its largest. Where
+    measure each layer's gradients: its weights' and its outputs', and
+    those into its inputs (where the trainable weights reach them). A layer
+    needs float32 when more than `UNDERFLOW_LIMIT` of either's non-zero
+    gradients flush to zero at the largest power of two that holds their
+    largest. Where
     some float16 output is not finite, those layers are reported alone
     (gradients through a NaN say nothing): apply the diagnosis and call
     `diagnose` again. Last, the forward pass runs with the layers found in
@@ -213,11 +221,19 @@ def _loss_of(model, x, y, y_pred, loss):
 
 
 def _range_findings(model, x, y, loss) -> list[Finding]:
-    outputs = {}
+    calls = {}  # id(layer): (layer, outputs of a layer with own weights, inputs)
+    computed = {}  # id(tensor): tensor, for the tensors the trainable weights reach
 
     def record(layer, args, kwargs, result):
-        if any(w.trainable for w in own_weights(layer)):
-            outputs.setdefault(id(layer), (layer, []))[1].extend(forward.floats(result))
+        inputs = [t for t in forward.floats((args, kwargs)) if id(t) in computed]
+        outputs = forward.floats(result)
+        if inputs or layer.trainable_weights:
+            computed.update((id(t), t) for t in outputs)
+        own = any(w.trainable for w in own_weights(layer))
+        if own or inputs:
+            _, own_outputs, own_inputs = calls.setdefault(id(layer), (layer, [], []))
+            own_outputs.extend(outputs if own else [])
+            own_inputs.extend(inputs)
 
     with forward.policies_kept(model):
         forward.to_float32([model])
@@ -225,26 +241,32 @@ def _range_findings(model, x, y, loss) -> list[Finding]:
         with tf.GradientTape() as tape, forward.recording_calls(model, record):
             y_pred = model(x, training=True)
             value = _loss_of(model, x, y, y_pred, loss)
-        watched = [t for _, ts in outputs.values() for t in ts]
+        watched = [t for _, outputs, inputs in calls.values() for t in outputs + inputs]
         grads = tape.gradient(value, variables + watched)
     by_variable = {id(v): g for v, g in zip(variables, grads[: len(variables)])}
-    by_output = iter(grads[len(variables) :])
+    by_tensor = iter(grads[len(variables) :])
     findings = []
-    for layer, tensors in outputs.values():
-        values = [by_variable.get(id(v)) for v in own_weights(layer) if v.trainable]
-        values += [next(by_output) for _ in tensors]
-        magnitudes = np.concatenate(
-            [
-                np.abs(np.asarray(tf.convert_to_tensor(g), np.float64)).ravel()
-                for g in values
-                if g is not None
-            ]
-            or [np.zeros(0)]
-        )
-        share, largest = _underflow_at_safe_scale(magnitudes)
-        if share > UNDERFLOW_LIMIT:
-            findings.append(Finding(forward.path(layer, model), "range", largest, share))
+    for layer, outputs, inputs in calls.values():
+        own = [by_variable.get(id(v)) for v in own_weights(layer) if v.trainable]
+        own += [next(by_tensor) for _ in outputs]
+        into = [next(by_tensor) for _ in inputs]
+        for reason, values in (("range", own), ("input_range", into)):
+            share, largest = _underflow_at_safe_scale(_magnitudes(values))
+            if share > UNDERFLOW_LIMIT:
+                findings.append(Finding(forward.path(layer, model), reason, largest, share))
+                break
     return findings
+
+
+def _magnitudes(gradients: list) -> np.ndarray:
+    return np.concatenate(
+        [
+            np.abs(np.asarray(tf.convert_to_tensor(g), np.float64)).ravel()
+            for g in gradients
+            if g is not None
+        ]
+        or [np.zeros(0)]
+    )
 
 
 def _underflow_at_safe_scale(magnitudes: np.ndarray) -> tuple[float, float]:
