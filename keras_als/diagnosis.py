@@ -12,6 +12,11 @@ cannot widen it. Two things no scale fixes:
 - a layer whose forward output is not finite in float16 although its
   inputs are (a mask of -1e9 is -inf in float16, and 0 * -inf is NaN).
 
+A layer's gradients count those flowing into its inputs: Keras casts a
+float16 layer's inputs to float16 as they enter, so a Swin block, which owns
+no weights, takes its residual stream, and the gradients of 1e10 flowing back
+into it, through float16 although every layer inside it computes in float32.
+
 `diagnose` measures both on one batch, names the layers, and `apply` computes
 them in float32 (`layer.dtype_policy = "float32"`), the fix Keras's mixed
 precision guide gives for a layer that needs float32.
