@@ -25,7 +25,12 @@ held-out loss on seeds 1 and 2 was 2.33 and 2.31 after 300 steps, 2.09 and
 (`SWIN_SEEDS`) were added after its 5 seeds left every keras_als method's
 gap to float32 (+0.11 to +0.14 in held-out loss) undecided against its
 standard error (0.05-0.08): fixed before their numbers, reported whatever they
-show, and the first 5 seeds' comparison is printed beside the 10 seeds'. Outcomes, on 256 held-out
+show, and the first 5 seeds' comparison is printed beside the 10 seeds'.
+At the same time `keras_als.diagnose` began to name layers for the gradients
+into their inputs (on Swin its first block and stage, whose float16 entry
+lost those gradients), which changes the diagnosed and fallback arms on Swin
+alone (on SegFormer and ViT it names nothing on any seed's first batch, as
+before): all 10 Swin seeds ran on that code. Outcomes, on 256 held-out
 canvases: the task's own loss and its metric (accuracy; mIoU over the classes
 present, background included). Every method starts from the same float32
 weights and trains on the same batches, block by block, interleaved in one
