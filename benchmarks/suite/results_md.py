@@ -12,6 +12,7 @@ from benchmarks.suite import convergence, cost, fidelity, records, tables
 from benchmarks.suite.targets import OURS, Target
 
 SEPARATE = (
+    "cost_at_size",
     "loss_span",
     "loss_span_float16_heads",
     "hard_outcomes",

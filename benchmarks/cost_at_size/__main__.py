@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.cost_at_size.command import main
+
+sys.exit(main())

@@ -1,0 +1,92 @@
+"""The cost study's tables: ratios to Keras LSO with standard errors, and the depth sweep."""
+
+from __future__ import annotations
+
+import math
+
+from benchmarks.cost_at_size import plan
+from benchmarks.harness.stats import ratio_and_standard_error
+
+
+def ratios(row: dict, method: str = "keras_als") -> dict:
+    """`method` over Keras LSO per measure: `{measure: (ratio, standard error)}`."""
+    found = {}
+    for measure in ("step", "first_step", "peak_bytes"):
+        ours, theirs = row[measure].get(method, []), row[measure]["keras"]
+        if all(v is not None for v in ours + theirs) and ours and theirs:
+            found[measure] = ratio_and_standard_error(ours, theirs)
+    return found
+
+
+def _cell(pair, target: float | None) -> str:
+    if pair is None:
+        return "-"
+    ratio, error = pair
+    text = f"{ratio:.3f}" + (f" ± {error:.3f}" if math.isfinite(error) else "")
+    return f"**{text}**" if target is not None and ratio > target else text
+
+
+def _geometric_mean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def line(row: dict) -> str:
+    """One line for the console."""
+    found = ratios(row)
+    parts = [f"{m} {found[m][0]:.3f} ± {found[m][1]:.3f}" for m in found]
+    return f"{row['model']} ({row['scales']} scales): " + ", ".join(parts)
+
+
+def render(results: dict) -> str:
+    rows = results["rows"]
+    targets = plan.TARGETS
+    lines = [
+        "## Cost at real size",
+        "",
+        f"`{results['command']}`, {results['date']}; {results['environment']}.",
+        "",
+        f"mixed_float16, `jit_compile=True`, SGD, batch {plan.BATCH}, {plan.IMAGE}x{plan.IMAGE} "
+        f"images or {plan.SEQUENCE} tokens; {plan.INSTANCES} compiled instances of each method "
+        f"per model in one process; steps after {plan.WARMUP} warm-up steps, {plan.ROUNDS} "
+        "interleaved rounds. keras_als over Keras LSO (geometric mean ± standard error over "
+        "the instances); in bold, over the target (step "
+        f"{targets['step']}, first step {targets['first_step']}, peak {targets['peak_memory']}).",
+        "",
+        "| model | scales | step | Keras step (ms) | first step | Keras first step (s) "
+        "| peak step memory |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        found = ratios(row)
+        keras_step = 1000 * _geometric_mean(row["step"]["keras"])
+        keras_first = _geometric_mean(row["first_step"]["keras"])
+        lines.append(
+            f"| {row['model']} | {row['scales']} | {_cell(found.get('step'), targets['step'])} "
+            f"| {keras_step:.0f} | {_cell(found.get('first_step'), targets['first_step'])} "
+            f"| {keras_first:.0f} | {_cell(found.get('peak_bytes'), targets['peak_memory'])} |"
+        )
+    ablated = [(row, m) for row in rows for m in row["step"] if ":" in m]
+    if ablated:
+        lines += [
+            "",
+            "keras_als with one part left out (`--ablation`), over Keras LSO, same process:",
+            "",
+            "| model | left out | step | first step | peak step memory |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for row, method in ablated:
+            found = ratios(row, method)
+            cells = [_cell(found.get(m), None) for m in ("step", "first_step", "peak_bytes")]
+            lines.append(
+                f"| {row['model']} | {method.partition(':')[2]} | " + " | ".join(cells) + " |"
+            )
+    missing = [n for n in [*plan.MODELS, *plan.SWEEP] if n not in {r["model"] for r in rows}]
+    if missing:
+        lines += ["", "Not measured yet: " + ", ".join(missing) + "."]
+    lines += [
+        "",
+        "Code measured per row: "
+        + "; ".join(f"{r['model']} {r['provenance']}" for r in rows)
+        + ".",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,96 @@
+"""The cost-at-size study: its plan, ratios and tables on synthetic numbers, and one real run."""
+
+import math
+import statistics
+
+import pytest
+
+from benchmarks.cost_at_size import measure, plan, report
+
+
+def _row(model="m", step=(0.10, 0.12, 0.11, 0.13), first=(10.0, 11.0, 12.0, 13.0), extra=None):
+    """A result row: keras's two instances first, then keras_als's."""
+    row = {
+        "model": model,
+        "scales": 5,
+        "variables": 9,
+        "provenance": "commit x",
+        "step": {"keras": list(step[:2]), "keras_als": list(step[2:])},
+        "first_step": {"keras": list(first[:2]), "keras_als": list(first[2:])},
+        "peak_bytes": {"keras": [100, 100], "keras_als": [101, 101]},
+    }
+    for measure_name, values in (extra or {}).items():
+        row[measure_name]["keras_als:no_crossing_reductions"] = values
+    return row
+
+
+def test_a_ratio_is_the_geometric_mean_over_keras_with_the_instances_standard_error():
+    found = report.ratios(_row())
+    ours, theirs = [0.11, 0.13], [0.10, 0.12]
+    expected = math.sqrt(ours[0] * ours[1]) / math.sqrt(theirs[0] * theirs[1])
+    ratio, error = found["step"]
+    assert ratio == pytest.approx(expected, rel=1e-12)
+    spread = [statistics.variance([math.log(v) for v in vs]) / 2 for vs in (ours, theirs)]
+    assert error == pytest.approx(expected * math.sqrt(sum(spread)), rel=1e-12)
+    assert found["peak_bytes"] == (pytest.approx(1.01), 0.0)
+
+
+def test_the_table_marks_a_ratio_over_its_target_and_lists_the_models_not_measured():
+    fast = _row("resnet50", step=(0.10, 0.10, 0.101, 0.101), first=(10, 10, 10.5, 10.5))
+    slow = _row("densenet121", step=(0.10, 0.10, 0.12, 0.12), first=(10, 10, 12, 12))
+    text = report.render({"command": "c", "date": "d", "environment": "e", "rows": [fast, slow]})
+    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if "|" in line}
+    assert "**1.200" in lines["densenet121"] and "**1.200 ± 0.000**" in lines["densenet121"]
+    assert "1.010 ± 0.000" in lines["resnet50"] and "**1.010" not in lines["resnet50"]
+    assert "1.050" in lines["resnet50"]  # first step within 1.10: not bold
+    missing = text.split("Not measured yet: ")[1].split(".")[0].split(", ")
+    assert "densenet121" not in missing and "vit_base" in missing and "densenet_8x4" in missing
+
+
+def test_an_ablation_gets_a_table_of_its_own():
+    row = _row(
+        extra={
+            "step": [0.105, 0.115],
+            "first_step": [10.0, 11.0],
+            "peak_bytes": [100, 100],
+        }
+    )
+    text = report.render({"command": "c", "date": "d", "environment": "e", "rows": [row]})
+    ablation = [line for line in text.splitlines() if "| no_crossing_reductions |" in line]
+    expected = math.sqrt(0.105 * 0.115) / math.sqrt(0.10 * 0.12)
+    assert len(ablation) == 1 and f"{expected:.3f}" in ablation[0]
+
+
+def test_every_method_compiles_first_as_often_as_last():
+    order = measure.build_order(("keras", "keras_als"))
+    assert order == ("keras", "keras_als", "keras_als", "keras")
+    assert measure.build_order(("a", "b", "c")) == ("a", "b", "c", "c", "b", "a")
+
+
+def test_an_unknown_model_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="densenet121.*densenet_1x4"):
+        plan.builder("densenet12")
+
+
+def test_text_models_get_token_batches_and_images_models_image_batches():
+    x, y = plan.data("bert_base")
+    assert x["token_ids"].shape == (plan.BATCH, plan.SEQUENCE) and y.shape == (plan.BATCH,)
+    x, y = plan.data("gpt2_base")
+    assert (y[:, :-1] == x["token_ids"][:, 1:]).all()  # the next token
+    x, y = plan.data("densenet121")
+    assert x.shape == (plan.BATCH, plan.IMAGE, plan.IMAGE, 3) and y.max() < plan.CLASSES
+
+
+@pytest.mark.slow
+def test_a_real_densenet_is_measured_for_both_methods_and_an_ablation(monkeypatch):
+    monkeypatch.setattr(plan, "WARMUP", 2)
+    monkeypatch.setattr(plan, "ROUNDS", 3)
+    result = measure.measure("densenet_1x4", dump=None, ablation="no_crossing_reductions")
+    methods = {"keras", "keras_als", "keras_als:no_crossing_reductions"}
+    for name in ("step", "first_step"):
+        assert set(result[name]) == methods
+        assert all(len(v) == 2 and min(v) > 0 for v in result[name].values())
+    model = plan.densenet(1)
+    weighted = sum(1 for layer in model.layers if layer.trainable_weights)
+    assert result["scales"] == weighted
+    assert set(report.ratios(result)) == {"step", "first_step"}  # no dump: no peak
