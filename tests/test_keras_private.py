@@ -2,17 +2,22 @@
 
 A Keras or TensorFlow upgrade that moves or changes one of them fails here, by
 name and with the versions installed, rather than deep inside a training step.
+And no other module of keras_als uses one (`test_no_module_but_keras_private_*`).
 """
 
 import pathlib
-import re
+import textwrap
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from keras_als import _keras_private as private
+from tests import private_access
 
+PACKAGE = pathlib.Path(private.__file__).parent
+REPOSITORY = PACKAGE.parent
 VERSIONS = f"Keras {keras.__version__} with TensorFlow {tf.__version__}"
 
 
@@ -27,21 +32,80 @@ def _changed(dependency: str) -> str:
     )
 
 
-def test_no_other_module_of_keras_als_reaches_into_private_keras_or_tensorflow():
-    """The one place rule: keras.src, tensorflow.python, tf.__internal__ and
-    underscore attributes of Keras objects appear only in _keras_private.py."""
-    package = pathlib.Path(private.__file__).parent
-    pattern = re.compile(
-        r"keras\.src|tensorflow\.python|__internal__|_keras_history|_inbound_nodes"
+@pytest.fixture(scope="module")
+def keras_names():
+    return private_access.keras_names()
+
+
+def test_no_module_but_keras_private_uses_a_private_keras_or_tensorflow_api(keras_names):
+    """The one place rule, read off every module under keras_als/ (sub-packages
+    too) with `ast`; tests/private_access.py says what counts as keras_als's own."""
+    sources = {
+        path.relative_to(REPOSITORY).as_posix(): path.read_text()
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "_keras_private.py"
+    }
+    found = private_access.offenders(sources, keras_names)
+    assert not found, (
+        f"Private Keras/TensorFlow APIs used outside keras_als/_keras_private.py ({VERSIONS}). "
+        "Move each access into a named function in keras_als/_keras_private.py (with a "
+        "comment on why no public API does it) and call that instead:\n  " + "\n  ".join(found)
     )
-    offenders = [
-        f"{path.name}:{number}"
-        for path in sorted(package.glob("*.py"))
-        if path.name != "_keras_private.py"
-        for number, line in enumerate(path.read_text().splitlines(), 1)
-        if pattern.search(line)
+
+
+def test_the_check_reports_a_planted_private_call(keras_names):
+    planted = "def walk(layer):\n    return layer._flatten_layers()\n"
+    assert private_access.offenders({"keras_als/planted.py": planted}, keras_names) == [
+        "keras_als/planted.py:2: layer._flatten_layers"
     ]
-    assert offenders == []
+
+
+PLANTED = textwrap.dedent(
+    """\
+    import keras
+    import tensorflow as tf
+    from keras.src.backend import AutocastScope
+    from keras_als import _statistics
+
+    _HOOK = "_keras_als_hook"
+
+
+    class Wrapped(keras.layers.Wrapper):
+        def __init__(self, layer):
+            super().__init__(layer)
+            self._owner = None
+            self._convert_input_args = False
+
+        def _declare(self, record):
+            object.__setattr__(self.layer, _HOOK, None)
+            return self._owner, self._declare, _statistics._vector(_statistics._LIMIT)
+
+        def read(self, record):
+            record._replace(entry=1), getattr(self.layer, _HOOK)
+            getattr(self.layer, "_trainable_variables")
+            return tf.__internal__.distribute, self._trainable_variables
+    """
+)
+
+
+def test_the_check_tells_keras_als_s_own_names_from_keras_s(keras_names):
+    """Its own: `self._owner` (assigned), `self._declare` (a method), the
+    `_HOOK` attribute, a keras_als module's `_vector`, a namedtuple's `_replace`.
+    Keras's: what a Keras base class carries, even on `self` and even assigned."""
+    sources = {"keras_als/_statistics.py": "_LIMIT = 1\n", "keras_als/planted.py": PLANTED}
+
+    def at(marker, code):
+        """`code` reported on the one line of PLANTED that holds `marker`."""
+        (number,) = [n for n, line in enumerate(PLANTED.splitlines(), 1) if marker in line]
+        return f"keras_als/planted.py:{number}: {code}"
+
+    assert private_access.offenders(sources, keras_names) == [
+        at("keras.src", "import of keras.src.backend"),
+        at("_convert_input_args", "self._convert_input_args"),
+        at('"_trainable_variables"', "getattr(self.layer, '_trainable_variables')"),
+        at("tf.__internal__", "self._trainable_variables"),
+        at("tf.__internal__", "tf.__internal__"),
+    ]
 
 
 def test_every_function_of_keras_private_is_in_its_all():
