@@ -31,6 +31,7 @@ import keras
 import tensorflow as tf
 
 from keras_als import _forward_state, _scale_state, _skip, _statistics, policies
+from keras_als._keras_private import overwrites_with_gradient
 from keras_als._layer_call import owner_of
 
 PLANNED_GROWTH = 3.0
@@ -105,7 +106,7 @@ def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
     float16 = [[] for _ in plan.components]
     components = []
     for g, v in zip(grads, variables):
-        if g is None or optimizer._overwrite_variable_with_gradient(v):
+        if g is None or overwrites_with_gradient(optimizer, v):
             components.append(None)
             continue
         i = plan.index_of(v)

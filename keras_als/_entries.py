@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from keras_als._keras_private import trainable_variables_of
 from keras_als._layer_call import owner_of
 
 
@@ -72,7 +73,7 @@ def scaled(optimizer) -> list[tuple[object, int, str]]:
     """`(owner, entry, name)` of every layer with a scale (empty before `build`)."""
     if not optimizer.built:
         return []
-    found = owners(optimizer._trainable_variables)
+    found = owners(trainable_variables_of(optimizer))
     chosen = names([owner.scale_path for owner, _ in found])
     return [(owner, entry, name) for (owner, entry), name in zip(found, chosen)]
 

@@ -17,13 +17,14 @@ import contextlib
 
 import tensorflow as tf
 
+from keras_als._keras_private import all_layers
 from keras_als._policy_terms import FLOAT16_MAX
 
 
 @contextlib.contextmanager
 def policies_kept(model):
     """Restores the dtype policy of every layer of `model` when the context closes."""
-    policies = [(layer, layer.dtype_policy) for layer in model._flatten_layers(include_self=True)]
+    policies = [(layer, layer.dtype_policy) for layer in all_layers(model, include_self=True)]
     try:
         yield
     finally:
@@ -34,7 +35,7 @@ def policies_kept(model):
 def to_float32(layers: list) -> None:
     """Sets each of `layers`, and every layer inside it, to compute in float32."""
     for layer in layers:
-        for inner in layer._flatten_layers(include_self=True):
+        for inner in all_layers(layer, include_self=True):
             inner.dtype_policy = "float32"
 
 
@@ -45,7 +46,7 @@ def path(layer, model) -> str:
 
 
 def layers_by_path(model, paths: list[str]) -> list:
-    found = {path(layer, model): layer for layer in model._flatten_layers(include_self=False)}
+    found = {path(layer, model): layer for layer in all_layers(model, include_self=False)}
     missing = [p for p in paths if p not in found]
     if missing:
         raise ValueError(
@@ -68,7 +69,7 @@ def recording_calls(model, record, before=None):
     """Every layer of `model` at any depth reports `(layer, args, kwargs,
     outputs)` of each call to `record` (and `(layer, args, kwargs)` to
     `before`, if given, as the call starts) while the context is open."""
-    layers = model._flatten_layers(include_self=False)
+    layers = all_layers(model, include_self=False)
     saved = []
     for layer in layers:
         method = layer.call
@@ -147,7 +148,7 @@ def first_not_finite(model, x) -> list[tuple[str, str]]:
         model(x, training=True)
     paths = []
     for layer, reason in origins:
-        inner = {id(i) for i in layer._flatten_layers(include_self=False)}
+        inner = {id(i) for i in all_layers(layer, include_self=False)}
         layer_path = path(layer, model)
         if not any(id(o) in inner for o, _ in origins) and layer_path not in [p for p, _ in paths]:
             paths.append((layer_path, reason))

@@ -18,17 +18,21 @@ from keras.src.utils.tracking import no_automatic_dependency_tracking
 
 __all__ = [
     "Functional",
+    "all_layers",
     "converts_inputs",
     "has_own_output_spec",
     "get_keras_mask",
     "input_name",
     "no_autocast",
     "no_automatic_dependency_tracking",
+    "overwrites_with_gradient",
     "own_weights",
     "producer",
+    "set_converts_inputs",
     "set_keras_mask",
     "strategy_supports_no_merge_call",
     "sublayers",
+    "trainable_variables_of",
 ]
 
 # Functional: the class of every graph model built from inputs and outputs,
@@ -69,6 +73,16 @@ def converts_inputs(layer) -> bool:
     layer would; Keras keeps the switch in the private `_convert_input_args`.
     """
     return bool(getattr(layer, "_convert_input_args", True))
+
+
+# No public API: Keras reads `_convert_input_args` in `Layer.__call__` and offers no setter.
+def set_converts_inputs(layer, value: bool) -> None:
+    """Sets whether `layer.__call__` casts floating inputs to `layer.input_dtype`.
+
+    `AdaptiveScaled` turns it off for itself: the layer it wraps casts its own
+    inputs, so a cast in the wrapper too would be redundant.
+    """
+    layer._convert_input_args = value
 
 
 def has_own_output_spec(layer) -> bool:
@@ -117,6 +131,45 @@ def sublayers(layer) -> list:
     them one level at a time, to leave alone what an `AdaptiveScaled` holds.
     """
     return layer._flatten_layers(include_self=False, recursive=False)
+
+
+# No public API: `Model.layers` lists only the top level, and `Layer` has no such list at all.
+def all_layers(layer, *, include_self: bool) -> list:
+    """Every layer inside `layer`, at any depth, each once (`layer` first if `include_self`).
+
+    `diagnose` and `calibrate` hook, find and re-type layers at any depth with
+    it, through Keras's private `_flatten_layers`.
+
+    Example:
+
+    >>> import keras
+    >>> inner = keras.Sequential([keras.layers.Dense(2, name="deep")], name="inner")
+    >>> outer = keras.Sequential([inner], name="outer")
+    >>> [layer.name for layer in all_layers(outer, include_self=True)]
+    ['outer', 'inner', 'deep']
+    """
+    return layer._flatten_layers(include_self=include_self)
+
+
+# No public API: a Keras optimizer lists the variables it was built for only privately.
+def trainable_variables_of(optimizer) -> list:
+    """The variables `optimizer` was built for, in the order `build` was given them.
+
+    The optimizer finds the layers that own a scale among them, and applies
+    to them when `apply` is given no variables, as Keras's `apply` does.
+    """
+    return optimizer._trainable_variables
+
+
+# No public API: the optimizer's rule for it is private (the variable's flag is what it reads).
+def overwrites_with_gradient(optimizer, variable) -> bool:
+    """Whether `optimizer` sets `variable` to its gradient instead of applying a step.
+
+    Keras does so for float8 scales and histories (`overwrite_with_gradient`);
+    such a gradient is no gradient of the loss, so it is neither scaled nor
+    measured. Asked of the optimizer, as Keras's own `apply` does.
+    """
+    return optimizer._overwrite_variable_with_gradient(variable)
 
 
 def no_autocast() -> AutocastScope:

@@ -15,7 +15,7 @@ from keras_als import (
     _telemetry,
     policies,
 )
-from keras_als._keras_private import no_automatic_dependency_tracking
+from keras_als._keras_private import no_automatic_dependency_tracking, trainable_variables_of
 
 
 @keras.saving.register_keras_serializable(package="keras_als")
@@ -167,7 +167,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         plan = _plan.make_plan(
             loss,
             _step_record.read(loss.graph).boundaries,
-            self._trainable_variables if self.built else [],
+            trainable_variables_of(self) if self.built else [],
             owners,
             _scale_state.vector(self),
             self.built,
@@ -238,7 +238,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         variables = (
             list(trainable_variables)
             if trainable_variables is not None
-            else self._trainable_variables
+            else trainable_variables_of(self)
         )
         _apply_phases.run(self, plan, list(grads), variables)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 
 from keras_als import _layer_call
-from keras_als._keras_private import converts_inputs, has_own_output_spec
+from keras_als._keras_private import converts_inputs, has_own_output_spec, set_converts_inputs
 
 
 @keras.saving.register_keras_serializable(package="keras_als")
@@ -68,7 +68,7 @@ class AdaptiveScaled(keras.layers.Wrapper):
         self.scale_outputs = bool(scale_outputs)
         self.supports_masking = layer.supports_masking
         # The wrapped layer casts its own inputs; casting here too would be redundant.
-        self._convert_input_args = False
+        set_converts_inputs(self, False)
 
     def build(self, *args, **kwargs):
         # The wrapped layer builds itself on its first call, with its own signature.
