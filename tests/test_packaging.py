@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import pathlib
+import re
 import tomllib
 
 import pytest
@@ -12,7 +13,35 @@ import keras_als
 from keras_als import _version
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+PYPROJECT = (ROOT / "pyproject.toml").read_text()
+PROJECT = tomllib.loads(PYPROJECT)["project"]
+
+
+def requirement(name: str) -> Requirement:
+    (found,) = [r for r in map(Requirement, PROJECT["dependencies"]) if r.name == name]
+    return found
+
+
+def bound(name: str, operator: str) -> Version:
+    (found,) = [Version(s.version) for s in requirement(name).specifier if s.operator == operator]
+    return found
+
+
+def oldest_pin(name: str) -> Version:
+    lines = (ROOT / "scripts" / "oldest.txt").read_text().splitlines()
+    (pinned,) = [Version(line.split("==")[1]) for line in lines if line.startswith(f"{name}==")]
+    return pinned
+
+
+def newest_tested(name: str, comment: str = PYPROJECT) -> Version:
+    """The newest release pyproject.toml's comment says the whole suite ran on."""
+    match = re.search(r"Newest: TensorFlow (\d+\.\d+) with[\s#]+Keras (\d+\.\d+)", comment)
+    assert match, "pyproject.toml's comment no longer says 'Newest: TensorFlow X.Y with Keras X.Y'"
+    return Version(match[1] if name == "tensorflow" else match[2])
+
+
+def next_minor(version: Version) -> Version:
+    return Version(f"{version.major}.{version.minor + 1}")
 
 
 def test_the_version_is_pyproject_s():
@@ -38,13 +67,45 @@ def test_without_metadata_or_source_tree_the_version_is_unknown(monkeypatch, tmp
 @pytest.mark.parametrize("name", ["tensorflow", "keras"])
 def test_the_oldest_pins_are_pyproject_s_lower_bounds(name):
     """scripts/oldest.txt, which CI tests, pins the oldest release pyproject allows."""
-    requirements = [Requirement(line) for line in PROJECT["dependencies"]]
-    (requirement,) = [r for r in requirements if r.name == name]
-    lines = (ROOT / "scripts" / "oldest.txt").read_text().splitlines()
-    (pinned,) = [Version(line.split("==")[1]) for line in lines if line.startswith(f"{name}==")]
-    (lower,) = [Version(s.version) for s in requirement.specifier if s.operator == ">="]
-    assert pinned in requirement.specifier
+    pinned, lower = oldest_pin(name), bound(name, ">=")
+    assert pinned in requirement(name).specifier
     assert pinned.release[:2] == lower.release[:2] and pinned.micro == 0
+
+
+@pytest.mark.parametrize("name", ["tensorflow", "keras"])
+def test_the_upper_bounds_let_in_the_newest_tested_minor_release_and_no_later_one(name):
+    newest, specifier = newest_tested(name), requirement(name).specifier
+    assert bound(name, "<") == next_minor(newest), f"{name}: tested up to {newest}"
+    assert f"{newest}.9" in specifier  # its patch releases
+    assert f"{next_minor(newest)}.0" not in specifier
+    assert not specifier.contains(f"{next_minor(newest)}.0rc1", prereleases=True)
+
+
+def test_the_newest_tested_release_is_read_from_the_comment():
+    comment = "# Newest: TensorFlow 2.30 with\n# Keras 3.40 (.venv)"
+    assert newest_tested("tensorflow", comment) == Version("2.30")
+    assert newest_tested("keras", comment) == Version("3.40")
+    assert next_minor(Version("3.15")) == Version("3.16")
+
+
+@pytest.mark.parametrize("name", ["tensorflow", "keras"])
+def test_the_installed_release_is_the_newest_pyproject_says_was_tested(name):
+    """Raising an upper bound without upgrading .venv (pip keeps what satisfies the
+    new range) would claim a release the suite never ran on."""
+    installed = Version(importlib.metadata.version(name))
+    if installed == oldest_pin(name):
+        pytest.skip("the oldest-pins venv (scripts/oldest.txt) tests the lower bounds")
+    assert installed in requirement(name).specifier
+    assert installed.release[:2] == newest_tested(name).release[:2], (
+        f"{name} {installed} is installed; pyproject.toml says {newest_tested(name)} was tested"
+    )
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_documentation_states_the_accepted_range(page):
+    tf, keras = (f"{bound(n, '>=')}-{newest_tested(n)}" for n in ("tensorflow", "keras"))
+    text = " ".join((ROOT / page).read_text().split())
+    assert f"TensorFlow {tf} with Keras {keras}" in text
 
 
 def test_the_licence_file_is_the_apache_license_pyproject_declares():
