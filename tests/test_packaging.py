@@ -1,4 +1,5 @@
-"""What pip sees: the version, the supported range, the licence."""
+"""What pip and a package index see: the version, the supported range, the licence,
+the classifiers, the extras."""
 
 import importlib.metadata
 import pathlib
@@ -7,6 +8,7 @@ import tomllib
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 import keras_als
@@ -114,3 +116,41 @@ def test_the_licence_file_is_the_apache_license_pyproject_declares():
     text = (ROOT / "LICENSE").read_text()
     assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
     assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) > 190
+
+
+def test_the_classifiers_say_what_keras_als_is_and_are_valid_with_the_spdx_licence():
+    classifiers = PROJECT.get("classifiers", [])
+    for wanted in [
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Typing :: Typed",
+    ]:
+        assert wanted in classifiers
+    # setuptools>=77 refuses a licence classifier beside the SPDX `license` field.
+    assert not [c for c in classifiers if c.startswith("License ::")]
+    assert len(set(classifiers)) == len(classifiers)
+
+
+def test_the_python_classifiers_are_requires_python_s_versions():
+    supported = SpecifierSet(PROJECT["requires-python"])
+    minors = [f"3.{minor}" for minor in range(30) if f"3.{minor}.0" in supported]
+    listed = [
+        c.rsplit(" :: ", 1)[1]
+        for c in PROJECT.get("classifiers", [])
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    ]
+    assert minors and listed == minors
+
+
+def test_keywords_name_what_one_would_search_for():
+    keywords = [k.lower() for k in PROJECT.get("keywords", [])]
+    assert {"keras", "tensorflow", "float16", "loss scaling"} <= set(keywords)
+
+
+def test_the_package_is_marked_typed_and_ships_the_marker():
+    """PEP 561: without py.typed in the installed package, type checkers ignore
+    keras_als's annotations (and "Typing :: Typed" would be untrue)."""
+    assert (ROOT / "keras_als" / "py.typed").is_file()
+    setuptools = tomllib.loads(PYPROJECT)["tool"]["setuptools"]
+    assert "py.typed" in setuptools.get("package-data", {}).get("keras_als", [])
