@@ -154,3 +154,61 @@ def test_the_package_is_marked_typed_and_ships_the_marker():
     assert (ROOT / "keras_als" / "py.typed").is_file()
     setuptools = tomllib.loads(PYPROJECT)["tool"]["setuptools"]
     assert "py.typed" in setuptools.get("package-data", {}).get("keras_als", [])
+
+
+USER_EXTRAS = {"plots", "demo", "docs"}
+DEVELOPMENT_TOOLS = {"ruff", "build", "twine", "hypothesis", "keras-hub"}  # and pytest*
+
+
+def is_development_tool(requirement: Requirement) -> bool:
+    name = requirement.name.lower().replace("_", "-")
+    return name in DEVELOPMENT_TOOLS or name.startswith("pytest")
+
+
+def extra(name: str) -> list[Requirement]:
+    return [Requirement(line) for line in PROJECT["optional-dependencies"][name]]
+
+
+def test_the_extras_are_the_user_s_three_and_dev():
+    assert set(PROJECT["optional-dependencies"]) == USER_EXTRAS | {"dev"}
+
+
+@pytest.mark.parametrize("name", sorted(USER_EXTRAS))
+def test_a_user_facing_extra_holds_no_development_tool(name):
+    assert [str(r) for r in extra(name) if is_development_tool(r)] == []
+
+
+def test_the_dev_extra_holds_the_tools_the_scripts_run():
+    names = {r.name for r in extra("dev")}
+    assert {"pytest", "pytest-xdist", "hypothesis", "ruff", "build"} <= names
+    assert all(map(is_development_tool, extra("dev")))
+
+
+def test_the_development_tool_rule_tells_tools_from_libraries():
+    tools = ["pytest-xdist>=3", "Ruff", "build>=1.2", "keras_hub"]
+    assert all(is_development_tool(Requirement(r)) for r in tools)
+    assert not any(is_development_tool(Requirement(r)) for r in ["matplotlib", "sphinx"])
+
+
+# `.[docs]`, `keras_als[plots,demo]`, `keras-als[plots]`, `$wheel[plots]`.
+EXTRAS_NAMED = re.compile(r"(?:\.|keras[_-]als|\$wheel)\[([\w,-]+)\]")
+
+
+def test_every_extra_the_scripts_and_documentation_install_exists():
+    files = [
+        ROOT / "README.md",
+        ROOT / ".ci" / "run",
+        *sorted((ROOT / "docs").rglob("*.md")),
+        *sorted((ROOT / "scripts").glob("*.sh")),
+        *sorted((ROOT / "keras_als").glob("*.py")),
+    ]
+    named = {
+        (path.relative_to(ROOT).as_posix(), name)
+        for path in files
+        for names in EXTRAS_NAMED.findall(path.read_text())
+        for name in names.split(",")
+    }
+    (setup_extras,) = re.findall(r"^extras=(\S+)$", (ROOT / "scripts/setup.sh").read_text(), re.M)
+    named |= {("scripts/setup.sh", name) for name in setup_extras.split(",")}
+    assert {name for _, name in named} >= {"plots", "docs", "dev"}
+    assert [n for n in sorted(named) if n[1] not in PROJECT["optional-dependencies"]] == []
