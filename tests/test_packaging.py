@@ -103,7 +103,7 @@ def test_the_installed_release_is_the_newest_pyproject_says_was_tested(name):
     )
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md", "docs/pypi.md"])
 def test_the_documentation_states_the_accepted_range(page):
     tf, keras = (f"{bound(n, '>=')}-{newest_tested(n)}" for n in ("tensorflow", "keras"))
     text = " ".join((ROOT / page).read_text().split())
@@ -212,3 +212,60 @@ def test_every_extra_the_scripts_and_documentation_install_exists():
     named |= {("scripts/setup.sh", name) for name in setup_extras.split(",")}
     assert {name for _, name in named} >= {"plots", "docs", "dev"}
     assert [n for n in sorted(named) if n[1] not in PROJECT["optional-dependencies"]] == []
+
+
+def package_index_page() -> pathlib.Path:
+    """pyproject.toml's readme: the long description a package index shows."""
+    readme = PROJECT["readme"]
+    if isinstance(readme, dict):
+        assert readme["content-type"] == "text/markdown"
+        readme = readme["file"]
+    return ROOT / readme
+
+
+def relative_links(markdown: str) -> list[str]:
+    """Link and image targets that are not absolute URLs (nor anchors): Markdown
+    inline and reference links, HTML href and src."""
+    absolute = r"(?!https?:|mailto:|#)"
+    return [
+        *re.findall(rf"\]\({absolute}([^)\s]*)", markdown),
+        *re.findall(rf"^ {{0,3}}\[[^\]]+\]:\s*{absolute}(\S+)", markdown, flags=re.M),
+        *re.findall(rf"(?:href|src)=[\"']{absolute}([^\"']*)", markdown),
+    ]
+
+
+def python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", markdown, flags=re.S | re.M)
+
+
+def test_relative_links_are_found_and_absolute_ones_spared():
+    text = """[guide](docs/guide/x.md) ![plot](benchmarks/results/scales.png)
+[ref]: ../RESULTS.md
+<img src="a.png"> <a href="b.html">b</a>
+[pep](https://peps.python.org/pep-0561/) [top](#install) <a href="http://x.org">x</a>
+"""
+    assert relative_links(text) == [
+        "docs/guide/x.md",
+        "benchmarks/results/scales.png",
+        "../RESULTS.md",
+        "a.png",
+        "b.html",
+    ]
+    assert relative_links((ROOT / "README.md").read_text())  # what the index page avoids
+
+
+def test_the_package_index_page_has_no_relative_links():
+    """A package index shows the long description away from the repository, where
+    a relative link leads nowhere (README.md's do: it is not the readme)."""
+    assert package_index_page().is_file()
+    assert relative_links(package_index_page().read_text()) == []
+
+
+def test_the_package_index_page_shows_the_readme_s_quickstart_and_nothing_else_untested():
+    """Its code is the README's first block (the quickstart, which test_readme.py and
+    scripts/check_wheel.sh run), so it runs as written."""
+    readme, page = (
+        python_blocks(p.read_text()) for p in (ROOT / "README.md", package_index_page())
+    )
+    assert readme and page and page[0] == readme[0]
+    assert [block for block in page if block not in readme] == []
