@@ -26,7 +26,7 @@ extensions = [
     "myst_parser",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "pypi.md"]  # the package index's page, not the guide's
 root_doc = "index"
 
 # Docstrings are Google style and write code in single backticks.

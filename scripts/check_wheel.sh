@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds the sdist and the wheel (python -m build, into dist/, which it empties
-# first), checks that both hold the package and LICENSE, installs the wheel with
-# the plots extra into a venv of its own and runs the README's Python examples
-# (the quickstart) there, from a directory outside the checkout, so that the
-# installed wheel is what they import.
+# first), checks that both hold the package, py.typed and LICENSE (the sdist the
+# long description too, and no tests), that twine check --strict passes them
+# (metadata and a long description a package index renders; twine is installed
+# into the venv if missing), installs the wheel with the plots extra into a venv
+# of its own and runs the README's Python examples (the quickstart) there, from
+# a directory outside the checkout, so that the installed wheel is what they
+# import.
 #
 # The venv gets the same TensorFlow, Keras and other dependencies as .venv
 # (.venv's `pip freeze` is the constraints file), so pip takes them from its
@@ -28,16 +31,21 @@ wheel=$(ls dist/*.whl)
 sdist=$(ls dist/*.tar.gz)
 echo "check_wheel: built $wheel and $sdist"
 
-# Both hold every module of the package and the licence; the wheel nothing else.
+# Both hold every module of the package, py.typed and the licence; the wheel
+# nothing else; the sdist the long description it builds from, and no tests
+# (they cannot run outside the repository).
 "$venv/bin/python" - "$wheel" "$sdist" <<'EOF'
-import pathlib, sys, tarfile, zipfile
+import pathlib, sys, tarfile, tomllib, zipfile
 
 wheel, sdist = sys.argv[1:]
-modules = sorted(str(p) for p in pathlib.Path("keras_als").glob("*.py"))
+modules = sorted(str(p) for p in pathlib.Path("keras_als").glob("*.py")) + ["keras_als/py.typed"]
+readme = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]["readme"]
+readme = readme["file"] if isinstance(readme, dict) else readme
 in_wheel = zipfile.ZipFile(wheel).namelist()
 in_sdist = [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
 problems = [f"wheel lacks {m}" for m in modules if m not in in_wheel]
-problems += [f"sdist lacks {m}" for m in modules + ["LICENSE"] if m not in in_sdist]
+problems += [f"sdist lacks {m}" for m in modules + ["LICENSE", readme] if m not in in_sdist]
+problems += [f"sdist holds {n}" for n in in_sdist if n.startswith("tests/")]
 if not any(n.endswith(".dist-info/licenses/LICENSE") for n in in_wheel):
     problems.append("wheel lacks LICENSE")
 problems += [f"wheel holds {n}" for n in in_wheel
@@ -46,6 +54,21 @@ if problems:
     sys.exit("check_wheel.sh: " + "; ".join(problems))
 print(f"check_wheel: wheel: {len(in_wheel)} files, sdist: {len(in_sdist)}, LICENSE in both")
 EOF
+
+# What a package index checks on upload: the metadata, and that the long
+# description renders (--strict: warnings fail too).
+if ! "$venv/bin/python" -c 'import twine' 2>/dev/null &&
+   ! "$venv/bin/python" -m pip install twine >"$work/twine.log" 2>&1; then
+  cat "$work/twine.log" >&2
+  echo "check_wheel.sh: installing twine failed (above)." >&2
+  exit 1
+fi
+if ! "$venv/bin/python" -m twine check --strict dist/* >"$work/twine.log" 2>&1; then
+  cat "$work/twine.log" >&2
+  echo "check_wheel.sh: twine check --strict failed (above)." >&2
+  exit 1
+fi
+echo "check_wheel: twine check --strict passed"
 
 check=${KERAS_ALS_WHEEL_VENV:-$work/venv}
 if [ ! -x "$check/bin/python" ]; then

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Creates a virtualenv (.venv) and installs keras_als with its test and demo
-# extras. Idempotent: does nothing when the venv is up to date, re-installs when
-# pyproject.toml changed, and re-creates the venv when its Python is not the
-# one chosen below.
+# Creates a virtualenv (.venv) and installs keras_als with its dev (the tests'
+# and the build's tools), plots and demo extras. Idempotent: does nothing when
+# the venv is up to date, re-installs when pyproject.toml or the extras changed,
+# and re-creates the venv when its Python is not the one chosen below.
 #
 # Python: the newest of python3.13, python3.12, python3.11, python3, python on
 # PATH that runs and lies in pyproject.toml's requires-python (the CPython
@@ -89,22 +89,23 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 
 stamp=$venv/.keras_als-installed
+extras=dev,plots,demo
 # The editable install points at this checkout: a venv kept elsewhere (as
 # .ci/run keeps its extra ones) is re-installed for each new checkout.
 constraints=()
 if [ "$oldest" = 1 ]; then
   constraints=(-c scripts/oldest.txt)
 fi
-want=$( (cat pyproject.toml; pwd; if [ "$oldest" = 1 ]; then cat scripts/oldest.txt; fi) |
+want=$( (cat pyproject.toml; pwd; echo "$extras"; if [ "$oldest" = 1 ]; then cat scripts/oldest.txt; fi) |
   sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing keras_als[test,demo]${constraints[*]:+ with ${constraints[*]}}" \
+  echo "setup: installing keras_als[$extras]${constraints[*]:+ with ${constraints[*]}}" \
     "into $venv with Python $version ($python); the first time takes a few minutes."
   log=$venv/pip.log
   # pip's own output goes to the log (this machine's pip configuration and
   # setuptools warn on every install); on failure the log is shown whole.
   if ! { "$venv/bin/python" -m pip install --upgrade pip &&
-         "$venv/bin/python" -m pip install "${constraints[@]}" -e ".[test,demo]"; } >"$log" 2>&1; then
+         "$venv/bin/python" -m pip install "${constraints[@]}" -e ".[$extras]"; } >"$log" 2>&1; then
     cat "$log" >&2
     echo "setup.sh: pip failed (above, and in $log)." >&2
     exit 1
