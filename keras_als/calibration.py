@@ -21,8 +21,7 @@ import keras
 import tensorflow as tf
 
 from keras_als import _apply_phases, _step_record
-from keras_als._forward_checks import policies_kept, to_float32
-from keras_als.diagnosis import _loss_of, _state_kept
+from keras_als._forward_checks import loss_of, policies_kept, state_kept, to_float32
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
 
 
@@ -86,12 +85,12 @@ def calibrate(
     def measure(x, y):
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            scaled = optimizer.scale_loss(_loss_of(model, x, y, y_pred, loss))
+            scaled = optimizer.scale_loss(loss_of(model, x, y, y_pred, loss))
         grads = tape.gradient(scaled, variables)
         _apply_phases.measure_only(optimizer, _step_record.plan_now(optimizer), grads, variables)
 
     period = optimizer.measure_every_n_steps
-    with _state_kept(model), policies_kept(model):
+    with state_kept(model), policies_kept(model):
         to_float32([model])
         optimizer.measure_every_n_steps = 1  # read when traced: this step measures
         try:
