@@ -135,6 +135,11 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """Steps skipped so far (`iterations` counts the applied ones); after `build`."""
         return _scale_state.counter(self, "skipped_steps")
 
+    def skipped_step_count(self) -> int:
+        """`skipped_steps` as a Python int, in one variable read (0 before
+        `build`): cheap enough for a callback to read before every batch."""
+        return _scale_state.counter_value(self, "skipped_steps")
+
     def layer_scales(self) -> dict[str, float]:
         """The current scales: `"loss"` and one per wrapped layer, by layer name.
 
@@ -242,8 +247,12 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         )
         _apply_phases.run(self, plan, list(grads), variables)
 
-    def telemetry(self) -> dict:
+    def telemetry(self, warn: bool = True) -> dict:
         """Per-layer numbers for monitoring, as plain Python values.
+
+        Args:
+            warn: Whether to give the `UserWarning`s below (once each); a
+                callback that acts on the numbers itself passes False.
 
         Returns:
             A dict. Per name of `layer_scales()` (`"loss"` and each wrapped
@@ -286,7 +295,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         ({'loss': 32768.0}, {'loss': 0}, 0)
         """
         telemetry = _telemetry.read(self)
-        _mistakes.warn_from_telemetry(self, telemetry)
+        if warn:
+            _mistakes.warn_from_telemetry(self, telemetry)
         return telemetry
 
     def finalize_variable_values(self, var_list):
