@@ -20,7 +20,7 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from keras_als import _apply_phases, _step_record
+from keras_als import _apply_phases, _mistakes, _step_record
 from keras_als._forward_checks import loss_of, policies_kept, state_kept, to_float32
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
 
@@ -75,7 +75,13 @@ def calibrate(
     >>> scales["loss"] < 2.0**15
     True
     """
-    optimizer = _checked(model, loss, model.optimizer if optimizer is None else optimizer)
+    optimizer = _mistakes.adaptive_optimizer(
+        model.optimizer if optimizer is None else optimizer,
+        AdaptiveLossScaleOptimizer,
+        "keras_als.calibrate",
+        or_else=", or pass one as calibrate(..., optimizer=...)",
+    )
+    _mistakes.measurable(model, loss, "keras_als.calibrate")
     variables = model.trainable_variables
     if not optimizer.built:
         optimizer.build(variables)
@@ -98,22 +104,3 @@ def calibrate(
         finally:
             optimizer.measure_every_n_steps = period
     return optimizer.layer_scales()
-
-
-def _checked(model, loss, optimizer) -> AdaptiveLossScaleOptimizer:
-    """`optimizer`, once the arguments are known to make sense, else a
-    `ValueError` that names the fix."""
-    if not isinstance(optimizer, AdaptiveLossScaleOptimizer):
-        raise ValueError(
-            "keras_als.calibrate chooses keras_als's scales: compile the model with "
-            "keras_als.AdaptiveLossScaleOptimizer(...) or pass optimizer=, got "
-            f"{type(optimizer).__name__}."
-        )
-    if not model.built:
-        raise ValueError("keras_als.calibrate needs a built model: call it on a batch first.")
-    if loss is None and not getattr(model, "compiled", False):
-        raise ValueError(
-            "keras_als.calibrate: pass loss=, or compile the model first so that its own "
-            "loss (model.compute_loss) is used."
-        )
-    return optimizer

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_als import _forward_checks as forward
-from keras_als import instrument
+from keras_als import _mistakes, instrument
 from keras_als._keras_private import own_weights
 from keras_als._policy_terms import FLOAT16_MAX, FLOAT16_TINY
 
@@ -183,13 +183,7 @@ def diagnose(
     []
     >>> keras.config.set_dtype_policy("float32")
     """
-    if not model.built:
-        raise ValueError("keras_als.diagnose needs a built model: call it on a batch first.")
-    if loss is None and not getattr(model, "compiled", False):
-        raise ValueError(
-            "keras_als.diagnose: pass loss=, or compile the model first so that its own "
-            "loss (model.compute_loss) is used."
-        )
+    _mistakes.measurable(model, loss, "keras_als.diagnose")
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     with forward.state_kept(model):
         not_finite = forward.forward_not_finite(model, x)

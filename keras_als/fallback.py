@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import keras
 
+from keras_als import _mistakes
 from keras_als.calibration import calibrate
 from keras_als.diagnosis import Diagnosis, diagnose
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
@@ -107,13 +108,9 @@ class Float32Fallback(keras.callbacks.Callback):
         self._seen: set[str] = set()
 
     def on_train_begin(self, logs=None):
-        optimizer = self.model.optimizer
-        if not isinstance(optimizer, AdaptiveLossScaleOptimizer):
-            raise ValueError(
-                "Float32Fallback reads keras_als's telemetry: compile the model with "
-                "keras_als.AdaptiveLossScaleOptimizer(...), got "
-                f"{type(optimizer).__name__}."
-            )
+        optimizer = _mistakes.adaptive_optimizer(
+            self.model.optimizer, AdaptiveLossScaleOptimizer, "Float32Fallback"
+        )
         self._diagnoses = 0
         self._skipped = self._skipped_steps()
         if self.at_start and not optimizer.telemetry(warn=False)["steps"]:
