@@ -3,7 +3,7 @@
 `run` calls them one after the other; each takes what the earlier ones
 returned:
 
-1. `group_and_unscale`: the gradients by scale component, each one's largest
+1. `group_by_component`: the gradients by scale component, each one's largest
    magnitude (which says whether it is finite, and is the statistic a
    measuring step reads), and each one's component (the division by its
    scale runs where the step is applied);
@@ -41,7 +41,7 @@ period may let pass: half of `policies.MaxSafe`'s default margin."""
 
 def run(optimizer, plan, grads: list, variables: list) -> None:
     """Applies one step's gradients of `plan`'s scaled loss, in the phases above."""
-    gradients = group_and_unscale(plan, grads, variables, optimizer)
+    gradients = group_by_component(plan, grads, variables, optimizer)
     finite, reached = check_finite(plan, gradients.weight_amax)
     step = _skip.step_number(optimizer)
     updated = optimizer.iterations > 0  # before this step's update
@@ -58,7 +58,7 @@ def measure_only(optimizer, plan, grads: list, variables: list) -> None:
     """Phases 1, 2 and 4 without 3 and 5: measures `plan`'s gradients and lets
     the policy choose the scales, applying nothing and counting no step
     (`keras_als.calibrate`). Where a gradient is not finite nothing changes."""
-    gradients = group_and_unscale(plan, grads, variables, optimizer)
+    gradients = group_by_component(plan, grads, variables, optimizer)
     finite, _ = check_finite(plan, gradients.weight_amax)
     step = _skip.step_number(optimizer)
     updated = optimizer.iterations > 0
@@ -66,7 +66,7 @@ def measure_only(optimizer, plan, grads: list, variables: list) -> None:
 
 
 class Gradients(NamedTuple):
-    """A step's gradients, grouped by scale component (see `group_and_unscale`)."""
+    """A step's gradients, grouped by scale component (see `group_by_component`)."""
 
     weight_grads: list  # per component, its weight gradients (at its scale)
     float16: list  # per component, for each of them, whether computed in float16
@@ -90,7 +90,7 @@ class Gradients(NamedTuple):
         ]
 
 
-def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
+def group_by_component(plan, grads, variables, optimizer) -> Gradients:
     """Phase 1: groups the gradients by component, takes each one's largest
     magnitude, and pairs each with its component (`Gradients.unscaled`
     divides them by its scale).

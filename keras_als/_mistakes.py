@@ -132,7 +132,7 @@ def warn_needs_float32(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
     )
 
 
-def build_in_step(optimizer, trainable_variables) -> None:
+def build_inside_step(optimizer, trainable_variables) -> None:
     """Builds `optimizer` on its first `apply`, or says why it cannot."""
     context = tf.distribute.get_replica_context()
     if context is not None and context.num_replicas_in_sync > 1:

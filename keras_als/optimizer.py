@@ -126,7 +126,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     @no_automatic_dependency_tracking
     def build(self, var_list):
         _mistakes.warn_bfloat16(self)
-        _scale_state.declare(self, len(var_list))
+        _scale_state.make_variables(self, len(var_list))
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
 
@@ -239,7 +239,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 _mistakes.unscaled_apply(self)
             return super().apply(grads, trainable_variables)
         if not self.built:
-            _mistakes.build_in_step(self, trainable_variables)
+            _mistakes.build_inside_step(self, trainable_variables)
         variables = (
             list(trainable_variables)
             if trainable_variables is not None
