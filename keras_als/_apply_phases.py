@@ -81,7 +81,7 @@ class Gradients(NamedTuple):
         Called inside the branch that applies them: XLA fuses each division,
         and the reciprocals of the scales, into the update of each variable,
         as for Keras's optimizer. Computed before the branch, each would be a
-        kernel of its own (the small Transformer's step was 10% slower so).
+        kernel of its own, and the step slower.
         """
         reciprocals = tf.unstack(1.0 / self.scales)
         return [
@@ -97,10 +97,9 @@ def group_by_component(plan, grads, variables, optimizer) -> Gradients:
 
     One reduction per gradient, over its own shape; a measuring step reads
     the same values, so no gradient enters the measuring branch. Flattened
-    first (and joined into one vector per component, as commit 0303235 did),
-    the same reductions made the small Transformer's step 1.15x Keras's
-    instead of 1.02x (`python -m benchmarks.suite.cost --models transformer
-    --instances 3`).
+    first and joined into one vector per component, the same reductions make
+    a compiled step slower (`python -m benchmarks.suite.cost --models
+    transformer --instances 3`).
     """
     weight_grads = [[] for _ in plan.components]
     float16 = [[] for _ in plan.components]

@@ -272,10 +272,9 @@ def amaxes(tensors: list) -> list[tf.Tensor]:
     is, in float32, though its float16 source has the same largest value:
     the optimizer's update reads the float32 tensor anyway, and XLA's CPU
     backend reduces it with its fast kernels, where reducing the float16
-    source first costs a kernel that writes it out and a slower reduction:
-    ResNet50V2's step (270 weight gradients) took 1.086x Keras's so, and
-    takes 1.030x (`python -m benchmarks.real_models --parts step --models
-    resnet50_v2`).
+    source first costs a kernel that writes it out and a slower reduction,
+    for every weight gradient (`python -m benchmarks.real_models --parts step
+    --models resnet50_v2` measures it).
 
     Example:
 
