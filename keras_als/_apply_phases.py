@@ -16,7 +16,8 @@ returned:
    (`next_period`);
 5. `count_until_measuring`: when the boundaries measure next.
 
-`measure_only` runs phases 1, 2 and 4 alone (`keras_als.calibrate`).
+`measure_only` runs phases 1, 2 and 4 alone (`keras_als.calibrate`);
+`unscale_each` is `AdaptiveLossScaleOptimizer.unscale`.
 
 What the phases write into the optimizer's state per scale is in
 `_scale_state`; applying or skipping, in `_skip`.
@@ -258,6 +259,19 @@ def unscale(gradient, reciprocal):
     if gradient.dtype == tf.float32:
         return gradient * reciprocal
     return tf.cast(tf.cast(gradient, tf.float32) * reciprocal, gradient.dtype)
+
+
+def unscale_each(optimizer, plan, grads: list, variables: list) -> list:
+    """`AdaptiveLossScaleOptimizer.unscale`: each gradient divided by its
+    component's scale in `plan`, or, without a plan (an eager step), by
+    Keras's one dynamic scale (None stays None)."""
+    if plan is None:
+        scale = optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
+        reciprocal = 1.0 / tf.cast(scale, tf.float32)
+        return [None if g is None else unscale(g, reciprocal) for g in grads]
+    return [
+        None if g is None else unscale(g, plan.reciprocal_of(v)) for g, v in zip(grads, variables)
+    ]
 
 
 def _not_finite_per_component(amax: _statistics.WeightAmax, size: int) -> tf.Tensor:
