@@ -3,7 +3,7 @@
 `run` calls them one after the other; each takes what the earlier ones
 returned:
 
-1. `group_and_unscale`: the gradients by scale component, each one's largest
+1. `group_by_component`: the gradients by scale component, each one's largest
    magnitude (which says whether it is finite, and is the statistic a
    measuring step reads), and each one's component (the division by its
    scale runs where the step is applied);
@@ -16,7 +16,8 @@ returned:
    (`next_period`);
 5. `count_until_measuring`: when the boundaries measure next.
 
-`measure_only` runs phases 1, 2 and 4 alone (`keras_als.calibrate`).
+`measure_only` runs phases 1, 2 and 4 alone (`keras_als.calibrate`);
+`unscale_each` is `AdaptiveLossScaleOptimizer.unscale`.
 
 What the phases write into the optimizer's state per scale is in
 `_scale_state`; applying or skipping, in `_skip`.
@@ -41,7 +42,7 @@ period may let pass: half of `policies.MaxSafe`'s default margin."""
 
 def run(optimizer, plan, grads: list, variables: list) -> None:
     """Applies one step's gradients of `plan`'s scaled loss, in the phases above."""
-    gradients = group_and_unscale(plan, grads, variables, optimizer)
+    gradients = group_by_component(plan, grads, variables, optimizer)
     finite, reached = check_finite(plan, gradients.weight_amax)
     step = _skip.step_number(optimizer)
     updated = optimizer.iterations > 0  # before this step's update
@@ -58,7 +59,7 @@ def measure_only(optimizer, plan, grads: list, variables: list) -> None:
     """Phases 1, 2 and 4 without 3 and 5: measures `plan`'s gradients and lets
     the policy choose the scales, applying nothing and counting no step
     (`keras_als.calibrate`). Where a gradient is not finite nothing changes."""
-    gradients = group_and_unscale(plan, grads, variables, optimizer)
+    gradients = group_by_component(plan, grads, variables, optimizer)
     finite, _ = check_finite(plan, gradients.weight_amax)
     step = _skip.step_number(optimizer)
     updated = optimizer.iterations > 0
@@ -66,7 +67,7 @@ def measure_only(optimizer, plan, grads: list, variables: list) -> None:
 
 
 class Gradients(NamedTuple):
-    """A step's gradients, grouped by scale component (see `group_and_unscale`)."""
+    """A step's gradients, grouped by scale component (see `group_by_component`)."""
 
     weight_grads: list  # per component, its weight gradients (at its scale)
     float16: list  # per component, for each of them, whether computed in float16
@@ -81,7 +82,7 @@ class Gradients(NamedTuple):
         Called inside the branch that applies them: XLA fuses each division,
         and the reciprocals of the scales, into the update of each variable,
         as for Keras's optimizer. Computed before the branch, each would be a
-        kernel of its own (the small Transformer's step was 10% slower so).
+        kernel of its own, and the step slower.
         """
         reciprocals = tf.unstack(1.0 / self.scales)
         return [
@@ -90,17 +91,16 @@ class Gradients(NamedTuple):
         ]
 
 
-def group_and_unscale(plan, grads, variables, optimizer) -> Gradients:
+def group_by_component(plan, grads, variables, optimizer) -> Gradients:
     """Phase 1: groups the gradients by component, takes each one's largest
     magnitude, and pairs each with its component (`Gradients.unscaled`
     divides them by its scale).
 
     One reduction per gradient, over its own shape; a measuring step reads
     the same values, so no gradient enters the measuring branch. Flattened
-    first (and joined into one vector per component, as commit 0303235 did),
-    the same reductions made the small Transformer's step 1.15x Keras's
-    instead of 1.02x (`python -m benchmarks.suite.cost --models transformer
-    --instances 3`).
+    first and joined into one vector per component, the same reductions make
+    a compiled step slower (`python -m benchmarks.suite.cost --models
+    transformer --instances 3`).
     """
     weight_grads = [[] for _ in plan.components]
     float16 = [[] for _ in plan.components]
@@ -259,6 +259,19 @@ def unscale(gradient, reciprocal):
     if gradient.dtype == tf.float32:
         return gradient * reciprocal
     return tf.cast(tf.cast(gradient, tf.float32) * reciprocal, gradient.dtype)
+
+
+def unscale_each(optimizer, plan, grads: list, variables: list) -> list:
+    """`AdaptiveLossScaleOptimizer.unscale`: each gradient divided by its
+    component's scale in `plan`, or, without a plan (an eager step), by
+    Keras's one dynamic scale (None stays None)."""
+    if plan is None:
+        scale = optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
+        reciprocal = 1.0 / tf.cast(scale, tf.float32)
+        return [None if g is None else unscale(g, reciprocal) for g in grads]
+    return [
+        None if g is None else unscale(g, plan.reciprocal_of(v)) for g, v in zip(grads, variables)
+    ]
 
 
 def _not_finite_per_component(amax: _statistics.WeightAmax, size: int) -> tf.Tensor:

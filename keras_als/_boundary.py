@@ -15,19 +15,17 @@ Why a division, where a multiply by the reciprocal gives the same bits (both
 are exact for a power of two): XLA's CPU compiler counts a floating-point
 division as expensive and computes it once, where it recomputes a multiply,
 and the cheap operations behind it, inside every fusion that reads the
-gradient (35 fusions, for one boundary of a tiny KerasHub BERT, whose layer
-norms read a gradient in several reductions each). A division is written
-once, in float32, and cuts those chains: that BERT's step took 1.06x of
-Keras's with multiplies and takes 0.96x with divisions (`python -m
-benchmarks.real_models --parts cost --models bert_tiny`). A convolution's
-feature maps are another matter: large, read by few fusions, and written in
-float32 they raised MobileNetV2's step memory at its peak from 1.004x to
-1.28x of Keras's, when every boundary divided (`--parts memory --models
-mobilenet_v2`). So a boundary whose tensors are all of rank `DIVIDED_RANK` or
-less (tokens' features, vectors) `divides`, and one with larger tensors
-(feature maps) multiplies by the reciprocal, which XLA writes nowhere. The
-plan computes every boundary's factor, divisor or reciprocal, in one vector
-op: a scalar division per boundary would be a kernel of its own.
+gradient (a transformer's layer norms read a gradient in several reductions
+each). A division is written once, in float32, and cuts those chains. A
+convolution's feature maps are another matter: large, read by few fusions,
+and written in float32 they raise the step's peak memory. So a boundary
+whose tensors are all of rank `DIVIDED_RANK` or less (tokens' features,
+vectors) `divides`, and one with larger tensors (feature maps) multiplies by
+the reciprocal, which XLA writes nowhere (`python -m benchmarks.real_models
+--parts cost --models bert_tiny` and `--parts memory --models mobilenet_v2`
+measure both). The plan computes every boundary's factor, divisor or
+reciprocal, in one vector op: a scalar division per boundary would be a
+kernel of its own.
 
 Outside a traced function there is no graph to walk, so `insert` returns the
 tensors unchanged.

@@ -4,9 +4,9 @@ On the steps that measure, the statistics need each boundary's crossing
 gradient reduced to its largest absolute value and mean square (and, for the
 telemetry, its counts of exact zeros and of float16 subnormals). Those
 reductions run in conditional branches taken only on measuring steps. One
-branch per boundary costs the compiled step one conditional per wrapped layer;
-one branch for all, after backprop, keeps every crossing gradient alive until
-then. `Crossings` takes the middle way:
+branch per boundary costs the compiled step one conditional per wrapped layer
+(no faster, and slower to compile); one branch for all, after backprop, keeps
+every crossing gradient alive until then. `Crossings` takes the middle way:
 gradients wait as they arrive, and the waiting ones are reduced together in
 one branch as soon as they hold `WAITING_BYTES` or more, which bounds the
 memory they keep alive; `finish` reduces the last ones. A gradient that
@@ -14,31 +14,23 @@ fills a group on its own (`WAITING_BYTES` or more) is made to wait for its
 branch: the boundary adds to its factor an exact zero read from the branch's
 result, so XLA runs the branch where the gradient arrives and can free it
 there. Without that, XLA schedules a branch where its results are read,
-after backprop, and keeps its operands alive until then: the small
-Transformer's step memory is 1.034x Keras's in total and 1.038x at its
-peak, and is 0.989x and 0.985x so (`python -m benchmarks.suite.memory --breakdown
-transformer`, the `crossings_never_wait` variant). Making every group wait
-so raises the digits CNN's peak from 1.054x to 1.203x of Keras's, where
-lone gradients only leave it at 1.054x. One branch per
-boundary, made where its gradient arrives, was measured against this: no
-faster (interleaved in one process, three instances each: BERT's step 0.98x
-± 0.01 of this one's, GPT-2's 1.02x ± 0.004), and slower to compile (23
-conditionals for GPT-2's 19 scales instead of 6: first step 1.52x Keras's).
+after backprop, and keeps its operands alive until then. Only lone gradients
+wait: making every group wait raises a small CNN's peak memory.
 
 XLA turns a conditional whose branches hold only elementwise operations and
 reductions into a select of both branches (`ConditionalSimplifier`), so the
 reductions would run on every step, fused into the kernels that produce the
-gradients (seen in a profile of a tiny KerasHub BERT step). A
-branch reads its values out through a gather, which XLA counts as expensive,
-so it keeps the branch. Reducing on every step, with no branch at all, was
-measured against this too (interleaved in one process, three instances each):
-BERT's step 1.16x ± 0.01 of this one's, GPT-2's 1.05x ± 0.01.
+gradients, which is slower. A branch reads its values out through a gather,
+which XLA counts as expensive, so it keeps the branch.
 
 A branch reduces the mean squares even when the policy reads none (only
-`ApproxRange` does), and XLA keeps them. Without them, a tiny GPT-2's step
-handed XLA 8,806 HLO instructions instead of 9,439, but XLA fused one
-branch's largest-value reductions into the gather that keeps the branch, and
-LLVM's loop idiom pass did not finish compiling that kernel in 5 minutes.
+`ApproxRange` does), and XLA keeps them: without them, XLA fused a branch's
+largest-value reductions into the gather that keeps the branch, a kernel
+LLVM took too long to compile.
+
+The measurements behind these choices: `python -m benchmarks.suite.memory
+--breakdown transformer` (the `crossings_never_wait` variant) and
+`benchmarks/README.md`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@
   tensors in raw operations (Keras casts a layer's inputs, not the tensors
   inside its `call`);
 - `recording_calls`, `policies_kept`, `to_float32`: the means, each a layer's
-  `call` hooked, its dtype policy set and restored.
+  `call` hooked, its dtype policy set and restored;
+- `state_kept`, `loss_of`: what `diagnose` and `calibrate` share for their
+  one pass over a batch outside training: the variables it moves restored,
+  and the loss as `fit` takes it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,31 @@ def to_float32(layers: list) -> None:
     for layer in layers:
         for inner in all_layers(layer, include_self=True):
             inner.dtype_policy = "float32"
+
+
+@contextlib.contextmanager
+def state_kept(model):
+    """Restores what a forward pass in training mode moves: the model's
+    non-trainable variables (BatchNormalization's moving statistics, the
+    seed generators' states that Dropout draws from) and its metrics'
+    variables (the loss tracker `compute_loss` updates), so that a diagnosis
+    in the middle of `fit` leaves training exactly as it would have gone."""
+    variables = [*model.non_trainable_variables, *getattr(model, "metrics_variables", [])]
+    values = [tf.identity(v.value) for v in variables]
+    try:
+        yield
+    finally:
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+
+def loss_of(model, x, y, y_pred, loss) -> tf.Tensor:
+    """The float32 loss of `y_pred`: `loss(y, y_pred)`, or, where `loss` is
+    None, the model's own (`model.compute_loss`, as `fit` takes it)."""
+    if loss is not None:
+        return tf.cast(loss(y, y_pred), tf.float32)
+    value = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=None)
+    return tf.cast(value, tf.float32)
 
 
 def path(layer, model) -> str:

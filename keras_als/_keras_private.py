@@ -22,7 +22,6 @@ __all__ = [
     "converts_inputs",
     "has_own_output_spec",
     "get_keras_mask",
-    "input_name",
     "no_autocast",
     "no_automatic_dependency_tracking",
     "overwrites_with_gradient",
@@ -47,21 +46,11 @@ __all__ = [
 # layers out of Keras's variable tracking (they are layers, not optimizer state).
 
 
-def input_name(tensor) -> str:
-    """The name of the `keras.Input` that produced symbolic `tensor`.
-
-    `KerasTensor.name` is a generated name; the input layer's name is what a
-    user passes as `keras.Input(name=...)` and what `fit` matches dict data by.
-    It is read off the tensor's `_keras_history`, which has no public accessor.
-    """
-    return producer(tensor).name
-
-
 def producer(tensor):
     """The layer (or operation) whose call produced symbolic `tensor`.
 
-    `wrap_model(scale_each_output=True)` finds a model's output layers by it;
-    like `input_name`, it reads the private `_keras_history`.
+    `wrap_model(scale_each_output=True)` finds a model's output layers by it.
+    It reads the tensor's private `_keras_history`, which has no public accessor.
     """
     return tensor._keras_history.operation
 

@@ -1,7 +1,9 @@
 """The mistakes a user can make with the optimizer, caught.
 
-Arguments are checked when the optimizer is made (each error names the
-fix), and what goes wrong in training is said once, as a `UserWarning`:
+Arguments are checked when the optimizer is made, and what the callbacks,
+`diagnose` and `calibrate` are given when they start (`adaptive_optimizer`,
+`measurable`); each error names the fix. What goes wrong in training is said
+once, as a `UserWarning`:
 
 - `warn_eager`: the step runs eagerly, so there is no graph to plan scales;
 - `unscaled_apply`: `apply` traced without `scale_loss` in the same
@@ -130,7 +132,7 @@ def warn_needs_float32(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
     )
 
 
-def build_in_step(optimizer, trainable_variables) -> None:
+def build_inside_step(optimizer, trainable_variables) -> None:
     """Builds `optimizer` on its first `apply`, or says why it cannot."""
     context = tf.distribute.get_replica_context()
     if context is not None and context.num_replicas_in_sync > 1:
@@ -165,6 +167,38 @@ def inner(inner_optimizer) -> keras.optimizers.Optimizer:
             "inside it instead (its .inner_optimizer)."
         )
     return inner_optimizer
+
+
+def adaptive_optimizer(optimizer, adaptive: type, user: str, or_else: str = ""):
+    """`optimizer`, if it is an `adaptive`, else a `ValueError` that names the fix.
+
+    Args:
+        optimizer: What `user` was given (or found on the model).
+        adaptive: `AdaptiveLossScaleOptimizer`, passed by the caller (the
+            optimizer imports this module, so this module cannot import it).
+        user: Who needs it, as the message starts: `"ScaleMonitor"`.
+        or_else: Another fix, said after the first.
+    """
+    if not isinstance(optimizer, adaptive):
+        raise ValueError(
+            f"{user} needs a keras_als.AdaptiveLossScaleOptimizer: compile the model with "
+            f"optimizer=keras_als.AdaptiveLossScaleOptimizer(...){or_else}; got "
+            f"{type(optimizer).__name__}."
+        )
+    return optimizer
+
+
+def measurable(model, loss, user: str) -> None:
+    """Raises a `ValueError` that names the fix unless `user` (`"keras_als.diagnose"`)
+    can run `model` on a batch and take its loss: the model is built, and
+    `loss` is given or the model compiled (its own, `model.compute_loss`)."""
+    if not model.built:
+        raise ValueError(f"{user} needs a built model: call it on a batch first.")
+    if loss is None and not getattr(model, "compiled", False):
+        raise ValueError(
+            f"{user}: pass loss=, or compile the model first so that its own "
+            "loss (model.compute_loss) is used."
+        )
 
 
 BASE_ARGUMENTS = ("clipnorm", "global_clipnorm", "clipvalue", "weight_decay", "use_ema")

@@ -64,7 +64,6 @@ class Plan:
     graph: object
     components: tuple[Component, ...]
     scales: tf.Tensor  # float32, one per component, read when the plan was made
-    scale_vector: tf.Tensor  # float32, every entry of the optimizer's scales, read then too
     component_of: Mapping[int, int]  # id(variable handle) -> component index
     sides: Mapping[int, tuple[int, int]]  # id(boundary) -> (input side, output side)
     factors: Mapping[int, tf.Tensor]  # id(boundary) -> its divisor, or its reciprocal
@@ -263,7 +262,6 @@ def make_plan(
         graph,
         frozen,
         scales,
-        scale_vector,
         types.MappingProxyType({k: final[c] for k, c in component_of.items()}),
         types.MappingProxyType(sides),
         types.MappingProxyType(_factors(scales, [b for b, _, _ in reached], sides)),

@@ -1,9 +1,9 @@
 """The optimizer's state per scale, and what a step writes into it.
 
-`declare` (called by `AdaptiveLossScaleOptimizer.build`) makes the
+`make_variables` (called by `AdaptiveLossScaleOptimizer.build`) makes the
 optimizer's one variable beyond Keras's, `scale_state` (float32): a table
-with one row per kind of state in `PER_SCALE` and one column per scale
-(entry 0 the loss's, then each wrapped layer's), followed by the counters
+with one row per kind of state in `PER_SCALE` and one column per scale entry
+(entry 0 the loss's, then one per trainable variable, `_entries`), followed by the counters
 (`COUNTERS`, then the recent skips window). The loss's scale itself stays in
 Keras's `dynamic_scale`. One variable, because every variable a compiled
 step updates costs it a fixed time on a CPU, and more there than in a small
@@ -39,7 +39,7 @@ FLUSH_PROPAGATION = 8
 """Components upstream of a flushed gradient marked as underflowed whole."""
 
 PER_SCALE = (
-    "scale",  # each wrapped layer's scale (entry 0: the loss's is Keras's dynamic_scale)
+    "scale",  # each entry's scale (entry 0: the loss's is Keras's dynamic_scale)
     "headroom",  # what overflows taught each scale (policies.Headroom) ...
     "headroom_since",  # ... and since which step
     "measured",  # 1 once chosen from a measurement, 0 while the first guess
@@ -64,8 +64,10 @@ counts are exact up to 2**24 (16.7 million skipped steps)."""
 _COUNTED = len(COUNTERS) + SKIP_WINDOW
 
 
-def declare(state, layers: int) -> None:
-    """Makes the optimizer's variables, for the loss's scale and `layers` wrapped layers.
+def make_variables(state, variable_count: int) -> None:
+    """Makes the optimizer's variables: `scale_state`, with a column for the
+    loss's entry and one for each of the `variable_count` trainable variables
+    the optimizer is built for, and Keras's `step_counter` and `dynamic_scale`.
 
     Every replica computes the same new values (from all-reduced statistics),
     so each is written in replica context and kept from the first replica.
@@ -85,7 +87,7 @@ def declare(state, layers: int) -> None:
         "last_overflow_step": -1.0,
         "safe_scale": policies.MAX_SCALE,
     }
-    table = [first.get(row, 0.0) for row in PER_SCALE for _ in range(layers + 1)]
+    table = [first.get(row, 0.0) for row in PER_SCALE for _ in range(variable_count + 1)]
     initial = table + [0.0] * _COUNTED
     state.scale_state = variable("scale_state", initial=initial, shape=(len(initial),))
     # LossScaleOptimizer's own state, with the aggregation above: the loss's

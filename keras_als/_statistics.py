@@ -267,15 +267,14 @@ def amaxes(tensors: list) -> list[tf.Tensor]:
     The tensors share the constant they need (fewer operations for the
     compiler: a traced step takes one per weight gradient). Each reduces over
     its own shape: flattened first, they made a compiled step slower on a CPU
-    (see `_apply_phases.group_and_unscale`). A float32 gradient that is a
+    (see `_apply_phases.group_by_component`). A float32 gradient that is a
     float16 one widened (a float32 variable used in float16) is reduced as it
     is, in float32, though its float16 source has the same largest value:
     the optimizer's update reads the float32 tensor anyway, and XLA's CPU
     backend reduces it with its fast kernels, where reducing the float16
-    source first costs a kernel that writes it out and a slower reduction:
-    ResNet50V2's step (270 weight gradients) took 1.086x Keras's so, and
-    takes 1.030x (`python -m benchmarks.real_models --parts step --models
-    resnet50_v2`).
+    source first costs a kernel that writes it out and a slower reduction,
+    for every weight gradient (`python -m benchmarks.real_models --parts step
+    --models resnet50_v2` measures it).
 
     Example:
 

@@ -1,10 +1,10 @@
 """Telemetry: what the optimizer's state says about the scaling, as plain values.
 
 `read` turns `AdaptiveLossScaleOptimizer`'s variables into the dict that
-`telemetry()` returns, `stuck` says why the scaling looks stuck (or None),
-`beyond_float16` which layers' gradients exceed float16's range and
-`needs_float32` which of those float16 also loses at their scale. Reading
-telemetry never changes training.
+`telemetry()` returns (`layer_scales` into `layer_scales()`'s), `stuck`
+says why the scaling looks stuck (or None), `beyond_float16` which layers'
+gradients exceed float16's range and `needs_float32` which of those float16
+also loses at their scale. Reading telemetry never changes training.
 """
 
 from __future__ import annotations
@@ -63,6 +63,15 @@ def read(optimizer) -> dict:
     telemetry["needs_float32"] = needs_float32(telemetry, in_float32)
     telemetry["warning"] = stuck(telemetry, optimizer.warn_after_skipped_steps)
     return telemetry
+
+
+def layer_scales(optimizer) -> dict[str, float]:
+    """`optimizer.layer_scales()`: the scale of `"loss"` and of each owner, by name."""
+    if not optimizer.built:
+        return {"loss": float(optimizer.initial_scale)}
+    values = keras.ops.convert_to_numpy(_scale_state.vector(optimizer))
+    names, entries = _entries.named(optimizer)
+    return {name: float(values[entry]) for name, entry in zip(names, entries)}
 
 
 def beyond_float16(telemetry: dict) -> list[str]:

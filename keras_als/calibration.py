@@ -20,9 +20,8 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from keras_als import _apply_phases, _step_record
-from keras_als._forward_checks import policies_kept, to_float32
-from keras_als.diagnosis import _loss_of, _state_kept
+from keras_als import _apply_phases, _mistakes, _step_record
+from keras_als._forward_checks import loss_of, policies_kept, state_kept, to_float32
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
 
 
@@ -76,7 +75,13 @@ def calibrate(
     >>> scales["loss"] < 2.0**15
     True
     """
-    optimizer = _checked(model, loss, model.optimizer if optimizer is None else optimizer)
+    optimizer = _mistakes.adaptive_optimizer(
+        model.optimizer if optimizer is None else optimizer,
+        AdaptiveLossScaleOptimizer,
+        "keras_als.calibrate",
+        or_else=", or pass one as calibrate(..., optimizer=...)",
+    )
+    _mistakes.measurable(model, loss, "keras_als.calibrate")
     variables = model.trainable_variables
     if not optimizer.built:
         optimizer.build(variables)
@@ -86,12 +91,12 @@ def calibrate(
     def measure(x, y):
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            scaled = optimizer.scale_loss(_loss_of(model, x, y, y_pred, loss))
+            scaled = optimizer.scale_loss(loss_of(model, x, y, y_pred, loss))
         grads = tape.gradient(scaled, variables)
         _apply_phases.measure_only(optimizer, _step_record.plan_now(optimizer), grads, variables)
 
     period = optimizer.measure_every_n_steps
-    with _state_kept(model), policies_kept(model):
+    with state_kept(model), policies_kept(model):
         to_float32([model])
         optimizer.measure_every_n_steps = 1  # read when traced: this step measures
         try:
@@ -99,22 +104,3 @@ def calibrate(
         finally:
             optimizer.measure_every_n_steps = period
     return optimizer.layer_scales()
-
-
-def _checked(model, loss, optimizer) -> AdaptiveLossScaleOptimizer:
-    """`optimizer`, once the arguments are known to make sense, else a
-    `ValueError` that names the fix."""
-    if not isinstance(optimizer, AdaptiveLossScaleOptimizer):
-        raise ValueError(
-            "keras_als.calibrate chooses keras_als's scales: compile the model with "
-            "keras_als.AdaptiveLossScaleOptimizer(...) or pass optimizer=, got "
-            f"{type(optimizer).__name__}."
-        )
-    if not model.built:
-        raise ValueError("keras_als.calibrate needs a built model: call it on a batch first.")
-    if loss is None and not getattr(model, "compiled", False):
-        raise ValueError(
-            "keras_als.calibrate: pass loss=, or compile the model first so that its own "
-            "loss (model.compute_loss) is used."
-        )
-    return optimizer

@@ -24,7 +24,6 @@ precision guide gives for a layer that needs float32.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -34,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_als import _forward_checks as forward
-from keras_als import instrument
+from keras_als import _mistakes, instrument
 from keras_als._keras_private import own_weights
 from keras_als._policy_terms import FLOAT16_MAX, FLOAT16_TINY
 
@@ -184,15 +183,9 @@ def diagnose(
     []
     >>> keras.config.set_dtype_policy("float32")
     """
-    if not model.built:
-        raise ValueError("keras_als.diagnose needs a built model: call it on a batch first.")
-    if loss is None and not getattr(model, "compiled", False):
-        raise ValueError(
-            "keras_als.diagnose: pass loss=, or compile the model first so that its own "
-            "loss (model.compute_loss) is used."
-        )
+    _mistakes.measurable(model, loss, "keras_als.diagnose")
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
-    with _state_kept(model):
+    with forward.state_kept(model):
         not_finite = forward.forward_not_finite(model, x)
         if not_finite:
             findings = [Finding(path, reason) for path, reason in not_finite]
@@ -200,29 +193,6 @@ def diagnose(
             findings = _range_findings(model, x, y, loss)
         mixed = forward.mixing_layers(model, x, [f.layer for f in findings])
         return Diagnosis(tuple(findings + [Finding(path, "mixed") for path in mixed]))
-
-
-@contextlib.contextmanager
-def _state_kept(model):
-    """Restores what a forward pass in training mode moves: the model's
-    non-trainable variables (BatchNormalization's moving statistics, the
-    seed generators' states that Dropout draws from) and its metrics'
-    variables (the loss tracker `compute_loss` updates), so that a diagnosis
-    in the middle of `fit` leaves training exactly as it would have gone."""
-    variables = [*model.non_trainable_variables, *getattr(model, "metrics_variables", [])]
-    values = [tf.identity(v.value) for v in variables]
-    try:
-        yield
-    finally:
-        for variable, value in zip(variables, values):
-            variable.assign(value)
-
-
-def _loss_of(model, x, y, y_pred, loss):
-    if loss is not None:
-        return tf.cast(loss(y, y_pred), tf.float32)
-    value = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=None)
-    return tf.cast(value, tf.float32)
 
 
 def _range_findings(model, x, y, loss) -> list[Finding]:
@@ -245,7 +215,7 @@ def _range_findings(model, x, y, loss) -> list[Finding]:
         variables = model.trainable_variables
         with tf.GradientTape() as tape, forward.recording_calls(model, record):
             y_pred = model(x, training=True)
-            value = _loss_of(model, x, y, y_pred, loss)
+            value = forward.loss_of(model, x, y, y_pred, loss)
         watched = [t for _, outputs, inputs in calls.values() for t in outputs + inputs]
         grads = tape.gradient(value, variables + watched)
     by_variable = {id(v): g for v, g in zip(variables, grads[: len(variables)])}

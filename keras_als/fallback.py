@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import keras
 
-from keras_als import _scale_state, _telemetry
+from keras_als import _mistakes
 from keras_als.calibration import calibrate
 from keras_als.diagnosis import Diagnosis, diagnose
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
@@ -108,16 +108,12 @@ class Float32Fallback(keras.callbacks.Callback):
         self._seen: set[str] = set()
 
     def on_train_begin(self, logs=None):
-        optimizer = self.model.optimizer
-        if not isinstance(optimizer, AdaptiveLossScaleOptimizer):
-            raise ValueError(
-                "Float32Fallback reads keras_als's telemetry: compile the model with "
-                "keras_als.AdaptiveLossScaleOptimizer(...), got "
-                f"{type(optimizer).__name__}."
-            )
+        optimizer = _mistakes.adaptive_optimizer(
+            self.model.optimizer, AdaptiveLossScaleOptimizer, "Float32Fallback"
+        )
         self._diagnoses = 0
         self._skipped = self._skipped_steps()
-        if self.at_start and not _telemetry.read(optimizer)["steps"]:
+        if self.at_start and not optimizer.telemetry(warn=False)["steps"]:
             # A forward finding hides the layers after it: diagnose again.
             for _ in range(self.rounds):
                 if not self._diagnose(0):
@@ -134,7 +130,7 @@ class Float32Fallback(keras.callbacks.Callback):
         if skipped == self._skipped:
             return
         self._skipped = skipped
-        telemetry = _telemetry.read(self.model.optimizer)
+        telemetry = self.model.optimizer.telemetry(warn=False)
         new = set(telemetry["beyond_float16"]) - self._seen
         stuck = telemetry["skipped_in_a_row"] >= self.skipped_in_a_row
         if not new and not stuck:
@@ -158,7 +154,7 @@ class Float32Fallback(keras.callbacks.Callback):
         return True
 
     def _skipped_steps(self) -> int:
-        return _scale_state.counter_value(self.model.optimizer, "skipped_steps")
+        return self.model.optimizer.skipped_step_count()
 
 
 def _float32_paths(applied: list[tuple[int, list[str]]]) -> set[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from keras_als import _mistakes
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
 
 
@@ -73,13 +74,7 @@ class ScaleMonitor(keras.callbacks.Callback):
     @property
     def _optimizer(self) -> AdaptiveLossScaleOptimizer:
         optimizer = getattr(self.model, "optimizer", None)
-        if not isinstance(optimizer, AdaptiveLossScaleOptimizer):
-            raise TypeError(
-                "ScaleMonitor watches a keras_als.AdaptiveLossScaleOptimizer: compile the "
-                "model with optimizer=keras_als.AdaptiveLossScaleOptimizer(...); got "
-                f"{type(optimizer).__name__}."
-            )
-        return optimizer
+        return _mistakes.adaptive_optimizer(optimizer, AdaptiveLossScaleOptimizer, "ScaleMonitor")
 
     def on_train_begin(self, logs=None):
         optimizer = self._optimizer

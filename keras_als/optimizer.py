@@ -126,7 +126,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     @no_automatic_dependency_tracking
     def build(self, var_list):
         _mistakes.warn_bfloat16(self)
-        _scale_state.declare(self, len(var_list))
+        _scale_state.make_variables(self, len(var_list))
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
 
@@ -134,6 +134,11 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def skipped_steps(self) -> tf.Tensor:
         """Steps skipped so far (`iterations` counts the applied ones); after `build`."""
         return _scale_state.counter(self, "skipped_steps")
+
+    def skipped_step_count(self) -> int:
+        """`skipped_steps` as a Python int, in one variable read (0 before
+        `build`): cheap enough for a callback to read before every batch."""
+        return _scale_state.counter_value(self, "skipped_steps")
 
     def layer_scales(self) -> dict[str, float]:
         """The current scales: `"loss"` and one per wrapped layer, by layer name.
@@ -144,11 +149,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         >>> keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD()).layer_scales()
         {'loss': 32768.0}
         """
-        if not self.built:
-            return {"loss": float(self.initial_scale)}
-        values = keras.ops.convert_to_numpy(_scale_state.vector(self))
-        names, entries = _entries.named(self)
-        return {name: float(values[entry]) for name, entry in zip(names, entries)}
+        return _telemetry.layer_scales(self)
 
     @tf.autograph.experimental.do_not_convert
     def scale_loss(self, loss):
@@ -211,14 +212,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         array([1., 2.], dtype=float32)
         """
         plan = _step_record.plan_now(self)
-        if plan is None:
-            scale = self.dynamic_scale if self.built else self.initial_scale
-            reciprocal = 1.0 / tf.cast(scale, tf.float32)
-            return [None if g is None else _apply_phases.unscale(g, reciprocal) for g in grads]
-        return [
-            None if g is None else _apply_phases.unscale(g, plan.reciprocal_of(v))
-            for g, v in zip(grads, trainable_variables)
-        ]
+        return _apply_phases.unscale_each(self, plan, grads, trainable_variables)
 
     @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
@@ -234,16 +228,17 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 _mistakes.unscaled_apply(self)
             return super().apply(grads, trainable_variables)
         if not self.built:
-            _mistakes.build_in_step(self, trainable_variables)
-        variables = (
-            list(trainable_variables)
-            if trainable_variables is not None
-            else trainable_variables_of(self)
-        )
-        _apply_phases.run(self, plan, list(grads), variables)
+            _mistakes.build_inside_step(self, trainable_variables)
+        if trainable_variables is None:
+            trainable_variables = trainable_variables_of(self)
+        _apply_phases.run(self, plan, list(grads), list(trainable_variables))
 
-    def telemetry(self) -> dict:
+    def telemetry(self, warn: bool = True) -> dict:
         """Per-layer numbers for monitoring, as plain Python values.
+
+        Args:
+            warn: Whether to give the `UserWarning`s below (once each); a
+                callback that acts on the numbers itself passes False.
 
         Returns:
             A dict. Per name of `layer_scales()` (`"loss"` and each wrapped
@@ -273,10 +268,10 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             below 1 (their gradients exceed float16's largest value),
             `"needs_float32"`: those of them computing in float16 whose
             gradients also underflow (half or more) at their scale, which
-            float16 cannot train (said
-            once as a `UserWarning` naming the float32 fix, here and at the
-            end of `fit`), and `"warning"`: None, or why the scaling looks
-            stuck (also raised once as a `UserWarning`).
+            float16 cannot train (said once as a `UserWarning` naming the
+            float32 fix, here and at the end of `fit`), and `"warning"`:
+            None, or why the scaling looks stuck (also said once as a
+            `UserWarning`).
 
         Example:
 
@@ -286,13 +281,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         ({'loss': 32768.0}, {'loss': 0}, 0)
         """
         telemetry = _telemetry.read(self)
-        _mistakes.warn_from_telemetry(self, telemetry)
+        if warn:
+            _mistakes.warn_from_telemetry(self, telemetry)
         return telemetry
 
     def finalize_variable_values(self, var_list):
-        # Keras calls this at the end of every `fit`: a stuck scaling, or layers
-        # float16 cannot train, are said there, whether a ScaleMonitor reads the
-        # telemetry or not.
+        # Keras calls this at the end of every `fit`: a stuck scaling, or layers float16
+        # cannot train, are said there, whether a ScaleMonitor reads the telemetry or not.
         super().finalize_variable_values(var_list)
         if self.built:
             _mistakes.warn_from_telemetry(self, _telemetry.read(self), stacklevel=4)
@@ -320,11 +315,17 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(
-            config.pop("inner_optimizer"), custom_objects=custom_objects
-        )
-        policy = config.pop("policy", "max_safe")
-        if isinstance(policy, dict):
-            policy = keras.saving.deserialize_keras_object(policy, custom_objects=custom_objects)
+        inner, policy, config = _deserialized(config, custom_objects)
         return cls(inner, policy=policy, **config)
+
+
+def _deserialized(config: dict, custom_objects=None) -> tuple:
+    """`(inner optimizer, policy, the rest of config)` from `get_config`'s dict."""
+    config = dict(config)
+    inner = keras.saving.deserialize_keras_object(
+        config.pop("inner_optimizer"), custom_objects=custom_objects
+    )
+    policy = config.pop("policy", "max_safe")
+    if isinstance(policy, dict):
+        policy = keras.saving.deserialize_keras_object(policy, custom_objects=custom_objects)
+    return inner, policy, config

@@ -2,7 +2,8 @@
 
 State passes between the phases of a step only through `_step_record`, and
 lives on the traced graph; ownership flows one way (the wrapper declares, the
-optimizer reads); a plan cannot change after it is made.
+optimizer reads); a plan cannot change after it is made; no module takes a
+name private to another.
 """
 
 import ast
@@ -20,6 +21,7 @@ import tensorflow as tf
 
 import keras_als
 from keras_als import _step_record
+from tests.private_access import is_private
 
 PACKAGE = pathlib.Path(keras_als.__file__).parent
 REPOSITORY = pathlib.Path(__file__).parent.parent
@@ -133,16 +135,33 @@ def _code_lines(path: pathlib.Path, node: ast.AST) -> int:
     )
 
 
-def test_the_optimizer_class_code_fits_on_two_screens():
-    """Its docstrings (the public API's documentation) aside: the phases of a
-    step, the state and its updates live in `_apply_phases` and `_scale_state`."""
+def _optimizer_class() -> tuple[pathlib.Path, ast.ClassDef]:
     path = PACKAGE / "optimizer.py"
     (optimizer,) = [
         node
         for node in ast.parse(path.read_text()).body
         if isinstance(node, ast.ClassDef) and node.name == "AdaptiveLossScaleOptimizer"
     ]
+    return path, optimizer
+
+
+def test_the_optimizer_class_code_fits_on_two_screens():
+    """Its docstrings (the public API's documentation) aside: the phases of a
+    step, the state and its updates live in `_apply_phases` and `_scale_state`."""
+    path, optimizer = _optimizer_class()
     assert _code_lines(path, optimizer) <= 2 * SCREENS
+
+
+OPTIMIZER_CLASS_LINES = 300
+"""Lines from `class AdaptiveLossScaleOptimizer` to its end, docstrings included."""
+
+
+def test_the_optimizer_class_with_its_documentation_is_at_most_300_lines():
+    """Past it, move a helper out (to `_apply_phases`, `_telemetry`, `_scale_state`
+    or `_mistakes`) or tighten a docstring's wording; never drop documentation of
+    public behaviour or a docstring example."""
+    _, optimizer = _optimizer_class()
+    assert optimizer.end_lineno - optimizer.lineno + 1 <= OPTIMIZER_CLASS_LINES
 
 
 def _imports(path: pathlib.Path) -> set[str]:
@@ -154,6 +173,117 @@ def _imports(path: pathlib.Path) -> set[str]:
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
     return names
+
+
+def _is_module(dotted: str) -> bool:
+    """Whether `dotted` (`keras_als._scale_state`) names a module or package of the repository."""
+    place = REPOSITORY.joinpath(*dotted.split("."))
+    return place.with_suffix(".py").is_file() or (place / "__init__.py").is_file()
+
+
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module `node` imports from, made absolute (`from ..x import y` in `package`)."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """`a.b.c` for a chain of names and attributes, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and (owner := _dotted(node.value)) is not None:
+        return f"{owner}.{node.attr}"
+    return None
+
+
+FIX = (
+    "move what is shared into a private module (keras_als/_*.py) under a name without the "
+    "underscore, documented; or call the object's public method (the optimizer's)"
+)
+
+
+def private_names_reached(source: str, path: str) -> list[str]:
+    """`path:line` and the fix for each name private to another keras_als module
+    that `source` (the file at `path`, from the repository) takes: `from
+    keras_als.x import _name`, or `x._name` where `x` is a keras_als module the
+    file imports. A private module itself (`from keras_als import _plan`,
+    `keras_als._plan`) is the package's to import."""
+    parts = pathlib.PurePosixPath(path).with_suffix("").parts
+    package = ".".join(parts[:-1])  # of `x.py` and of `__init__.py` alike
+    tree = ast.parse(source)
+    modules, found = {}, []  # modules: local name -> the keras_als module it is
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            origin = _absolute(node, package)
+            if origin.split(".")[0] != "keras_als":
+                continue
+            for alias in node.names:
+                full = f"{origin}.{alias.name}"
+                if _is_module(full):
+                    modules[alias.asname or alias.name] = full
+                elif is_private(alias.name):
+                    found.append(
+                        f"{path}:{node.lineno}: `from {origin} import {alias.name}` takes a "
+                        f"name private to {origin}: {FIX}"
+                    )
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "keras_als":
+                    local = alias.asname or alias.name.split(".")[0]
+                    modules[local] = alias.name if alias.asname else "keras_als"
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not is_private(node.attr):
+            continue
+        owner = _dotted(node.value)
+        if owner is None or owner.split(".")[0] not in modules:
+            continue
+        first, _, rest = owner.partition(".")
+        module = ".".join(filter(None, [modules[first], rest]))
+        if _is_module(module) and not _is_module(f"{module}.{node.attr}"):
+            found.append(
+                f"{path}:{node.lineno}: `{owner}.{node.attr}` reaches a name private to "
+                f"{module}: {FIX}"
+            )
+    return found
+
+
+def test_no_module_of_the_package_takes_a_name_private_to_another():
+    """Sub-packages included: `rglob`."""
+    found = [
+        finding
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for finding in private_names_reached(
+            path.read_text(), path.relative_to(REPOSITORY).as_posix()
+        )
+    ]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("source", "path", "reached"),
+    [
+        ("from keras_als.diagnosis import _loss_of", "keras_als/calibration.py", 1),
+        ("from keras_als import diagnosis\ndiagnosis._state_kept(m)", "keras_als/fallback.py", 1),
+        ("from keras_als import _forward_checks as f\nf._helper()", "keras_als/diagnosis.py", 1),
+        ("import keras_als.diagnosis\nkeras_als.diagnosis._loss_of", "keras_als/x.py", 1),
+        ("import keras_als.diagnosis as d\nd._loss_of", "keras_als/x.py", 1),
+        ("from ..diagnosis import _loss_of", "keras_als/sub/x.py", 1),
+        ("from . import _telemetry\n_telemetry.read(o)", "keras_als/x.py", 0),
+        ("from . import _telemetry\n_telemetry._FLOOR", "keras_als/x.py", 1),
+        ("from keras_als import _telemetry\n_telemetry._FLOOR", "keras_als/fallback.py", 1),
+        ("from keras_als import _scale_state\n_scale_state.counter(o, 'x')", "keras_als/x.py", 0),
+        ("from keras_als._policy_terms import FLOAT16_MAX", "keras_als/x.py", 0),
+        ("import keras_als\nkeras_als._version.version()", "keras_als/x.py", 0),
+        ("from keras_als import _version\nself._owner = 1", "keras_als/x.py", 0),
+    ],
+)
+def test_the_private_name_check_finds_what_it_is_for(source, path, reached):
+    found = private_names_reached(source, path)
+    assert len(found) == reached, found
+    for finding in found:
+        assert finding.startswith(f"{path}:") and "private module" in finding
 
 
 @pytest.mark.parametrize("module", ["wrapper", "_boundary", "_plan", "_step_record"])

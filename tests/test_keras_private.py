@@ -148,11 +148,6 @@ def test_producer_is_the_layer_whose_call_made_the_tensor():
     assert private.producer(tensor) is dense, _changed("KerasTensor._keras_history.operation")
 
 
-def test_input_name_is_the_name_given_to_keras_input():
-    name = private.input_name(keras.Input((3,), name="pixels"))
-    assert name == "pixels", _changed("KerasTensor._keras_history (of keras.Input)")
-
-
 def test_converts_inputs_is_true_for_ordinary_layers():
     dense = keras.layers.Dense(2)
     assert hasattr(dense, "_convert_input_args"), _gone("Layer._convert_input_args")

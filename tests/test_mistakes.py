@@ -81,6 +81,27 @@ def test_the_inner_optimizer_can_be_named_as_compile_takes_it():
         keras_als.AdaptiveLossScaleOptimizer(3)
 
 
+@pytest.mark.parametrize("user", ["ScaleMonitor", "Float32Fallback", "keras_als.calibrate"])
+def test_what_reads_keras_als_s_optimizer_refuses_keras_s_with_one_error_and_fix(user):
+    model = _mlp(wrap=True)
+    model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), "mse")
+    x, y = np.ones((4, 4), "float32"), np.ones((4, 1), "float32")
+    run = {
+        "ScaleMonitor": lambda: model.fit(x, y, verbose=0, callbacks=[keras_als.ScaleMonitor()]),
+        "Float32Fallback": lambda: model.fit(
+            x, y, verbose=0, callbacks=[keras_als.Float32Fallback(x, y)]
+        ),
+        "keras_als.calibrate": lambda: keras_als.calibrate(model, x, y),
+    }[user]
+    fix = (
+        rf"^{user} needs a keras_als.AdaptiveLossScaleOptimizer: compile the model with "
+        r"optimizer=keras_als.AdaptiveLossScaleOptimizer\(\.\.\.\)"
+    )
+    with pytest.raises(ValueError, match=fix) as refused:
+        run()
+    assert str(refused.value).endswith("; got LossScaleOptimizer.")
+
+
 @pytest.mark.parametrize("argument", ["clipnorm", "global_clipnorm", "clipvalue", "weight_decay"])
 def test_clipping_given_to_the_outer_optimizer_is_refused_naming_the_inner_one(argument):
     fix = rf"{argument}.*inner_optimizer.*Adam\({argument}=\.\.\.\)"

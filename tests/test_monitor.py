@@ -147,7 +147,9 @@ def test_monitor_and_plot_refuse_what_they_cannot_read():
         keras_als.ScaleMonitor(every_n_steps=0)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(keras.optimizers.SGD(), "mse")
-    with pytest.raises(TypeError, match="AdaptiveLossScaleOptimizer"):
+    with pytest.raises(
+        ValueError, match=r"ScaleMonitor needs a keras_als.AdaptiveLossScaleOptimizer"
+    ):
         model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0, callbacks=[keras_als.ScaleMonitor()])
     with pytest.raises(TypeError, match="ScaleMonitor"):
         keras_als.plot_scales(42)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import keras_als
+from keras_als import _scale_state
 
 BATCH = 8
 
@@ -102,6 +103,26 @@ def test_clean_training_never_warns():
     _, optimizer, _, logs, stuck = _fit(x, y)
     assert stuck == [] and optimizer.telemetry()["warning"] is None
     assert all(log["scaling_stuck"] == 0.0 for log in logs)
+
+
+def test_telemetry_without_warnings_reads_the_same_numbers_and_says_nothing():
+    """`telemetry(warn=False)` (what `Float32Fallback` reads) leaves the stuck
+    warning to the next `telemetry()`, which gives it once."""
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
+    optimizer.build([keras.Variable(np.ones(2, "float32"))])
+    masks = _scale_state.counter_masks(optimizer)
+    values = {"skipped_steps": 20, "skipped_in_a_row": 20}
+    _scale_state.assign(
+        optimizer, new_counters=_scale_state.counters_with(optimizer, masks, values=values)
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        quiet = optimizer.telemetry(warn=False)
+        said = [str(w.message) for w in caught if w.category is UserWarning]
+        assert said == [] and optimizer.skipped_step_count() == 20
+        assert quiet == optimizer.telemetry()
+    assert quiet["warning"].startswith("keras_als: loss scaling looks stuck: the last 20")
+    assert [str(w.message) for w in caught if w.category is UserWarning] == [quiet["warning"]]
 
 
 @pytest.mark.parametrize("argument", ["warn_after_skipped_steps", "measure_every_n_steps"])
