@@ -54,7 +54,16 @@ def main(argv: list[str] | None = None) -> int:
         help="also time keras_als with this part left out (benchmarks/harness/ablations.py)",
     )
     parser.add_argument("--out", default=os.path.join(RESULTS, "cost_at_size"))
+    parser.add_argument(
+        "--render", action="store_true", help="measure nothing: rewrite OUT.md from OUT.json"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        with open(args.out + ".json") as f:
+            saved = json.load(f)
+        with open(args.out + ".md", "w") as f:
+            f.write(report.render(saved))
+        return 0
     names = list(args.models) + (list(plan.SWEEP) if args.sweep else [])
     if not names:
         names = list(plan.MODELS) + list(plan.SWEEP)
@@ -64,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError:
         rows = {}
     for name in names:
+        measured = provenance.code()  # the code as the model's process starts
         row = run_model(name, args.ablation)
-        row["provenance"] = provenance.code()
+        row["provenance"] = measured
+        row["command"] = f"python -m benchmarks.cost_at_size --models {name}" + (
+            f" --ablation {args.ablation}" if args.ablation else ""
+        )
         rows[name] = row
         print(report.line(row), flush=True)
         ordered = [rows[n] for n in [*plan.MODELS, *plan.SWEEP] if n in rows]

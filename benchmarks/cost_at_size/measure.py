@@ -129,7 +129,7 @@ def measure(name: str, dump: str | None, ablation: str = "") -> dict:
             times[k].append(time.perf_counter() - start)
     median = {
         m: [statistics.median(t) for (mm, _), t in zip(instances, times) if mm == m]
-        for m in METHODS
+        for m in methods
     }
     variables = len(instances[0][1].trainable_variables)
     return {

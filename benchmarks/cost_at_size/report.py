@@ -43,7 +43,8 @@ def render(results: dict) -> str:
     lines = [
         "## Cost at real size",
         "",
-        f"`{results['command']}`, {results['date']}; {results['environment']}.",
+        "Each model in a process of its own, `python -m benchmarks.cost_at_size --models "
+        f"NAME`; last written {results['date']}; {results['environment']}.",
         "",
         f"mixed_float16, `jit_compile=True`, SGD, batch {plan.BATCH}, {plan.IMAGE}x{plan.IMAGE} "
         f"images or {plan.SEQUENCE} tokens; {plan.INSTANCES} compiled instances of each method "
