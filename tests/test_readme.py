@@ -17,3 +17,41 @@ def test_readme_has_the_quickstart_examples():
 def test_readme_example_runs(index, capsys):
     exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {})
     assert "loss" in capsys.readouterr().out
+
+
+def _cost_section() -> str:
+    text = README.read_text()
+    return text.split("## What it costs", 1)[1].split("\n## ", 1)[0]
+
+
+def _measured_ratios() -> set[str]:
+    """Every keras_als-over-Keras ratio of the cost study, and its targets, to two decimals."""
+    import json
+
+    from benchmarks.cost_at_size import plan, report
+
+    path = README.parent / "benchmarks" / "results" / "cost_at_size.json"
+    rows = json.loads(path.read_text())["rows"]
+    measured = {f"{pair[0]:.2f}" for row in rows for pair in report.ratios(row).values()}
+    return measured | {f"{target:.2f}" for target in plan.TARGETS.values()}
+
+
+def _unmeasured(section: str) -> list[str]:
+    """The ratios (`1.26x`) quoted in `section` that the cost study did not measure."""
+    quoted = re.findall(r"(\d+\.\d+)x", section)
+    assert quoted, "the cost section quotes no ratio"
+    return sorted(set(quoted) - _measured_ratios())
+
+
+def test_every_ratio_in_the_readme_cost_section_is_one_the_cost_study_measured():
+    unmeasured = _unmeasured(_cost_section())
+    assert not unmeasured, (
+        f"README.md's 'What it costs' quotes {unmeasured}, which "
+        "benchmarks/results/cost_at_size.json does not hold: re-render the numbers from it "
+        "(python -m benchmarks.cost_at_size)"
+    )
+
+
+def test_the_cost_check_names_a_ratio_the_study_did_not_measure():
+    measured = sorted(_measured_ratios())[0]
+    assert _unmeasured(f"a step takes {measured}x, the first 9.99x") == ["9.99"]
