@@ -237,7 +237,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """Per-layer numbers for monitoring, as plain Python values.
 
         Args:
-            warn: Whether to give the `UserWarning`s below (once each); a
+            warn: Whether to give the warnings below (a `UserWarning`, once each); a
                 callback that acts on the numbers itself passes False.
 
         Returns:
