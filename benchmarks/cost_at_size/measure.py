@@ -7,7 +7,6 @@ programs' buffer assignments into `DUMP` (set before TensorFlow starts).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import random
@@ -34,7 +33,11 @@ def build(name: str, method: str) -> tuple[keras.Model, keras.optimizers.Optimiz
     """Model `name` for `method`, compiled with XLA, from the same initial weights."""
     keras.config.set_dtype_policy("mixed_float16")
     keras.utils.set_random_seed(0)
-    model = plan.builder(name)()
+    return compiled(plan.builder(name)(), method)
+
+
+def compiled(model: keras.Model, method: str) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+    """`model` (instrumented for a keras_als method) compiled with XLA and `method`'s optimizer."""
     inner = keras.optimizers.SGD(plan.LEARNING_RATE)
     if method.startswith("keras_als"):
         keras_als.wrap_model(model)
@@ -55,18 +58,9 @@ def step(model: keras.Model, x, y) -> None:
 
 def peak_of_new_programs(dump: str, seen: set[str]) -> int | None:
     """XLA's peak bytes of the largest training-step program dumped since `seen`."""
-    paths = set(glob.glob(os.path.join(dump, "*one_step_on_data*buffer-assignment.txt")))
-    new = paths - seen
+    new = set(xla_memory.buffer_assignments(dump, "one_step_on_data")) - seen
     seen |= new
-    if not new:
-        return None
-    scratch = os.path.join(dump, "latest")
-    os.makedirs(scratch, exist_ok=True)
-    for old in glob.glob(os.path.join(scratch, "*")):
-        os.remove(old)
-    for path in new:
-        os.link(path, os.path.join(scratch, os.path.basename(path)))
-    return xla_memory.xla_peak(scratch, "one_step_on_data")
+    return xla_memory.peak_of(sorted(new), "one_step_on_data") if new else None
 
 
 def warm_up_process() -> None:
@@ -84,13 +78,7 @@ def warm_up_process() -> None:
                 keras.layers.Dense(10),
             ]
         )
-        if method == "keras_als":
-            keras_als.wrap_model(model)
-            optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
-        else:
-            optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
-        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", jit_compile=True)
-        step(model, x, y)
+        step(compiled(model, method)[0], x, y)
 
 
 def measure(name: str, dump: str | None, ablation: str = "") -> dict:

@@ -16,22 +16,33 @@ import re
 
 def xla_total(dump: str, name: str = "train_step") -> int:
     """The largest "Total bytes used" of XLA modules named like `name` in `dump`."""
-    return _largest_buffer_assignment(dump, name)[0]
+    return _largest_buffer_assignment(buffer_assignments(dump, name), name)[0]
 
 
 def xla_peak(dump: str, name: str = "train_step") -> int:
     """XLA's "peak usage" (bytes live at once) of the module `xla_total` reads."""
-    text = _largest_buffer_assignment(dump, name)[1]
+    return peak_of(buffer_assignments(dump, name), name)
+
+
+def buffer_assignments(dump: str, name: str) -> list[str]:
+    """The buffer-assignment files XLA dumped into `dump` for modules named like `name`."""
+    return glob.glob(os.path.join(dump, f"*{name}*buffer-assignment.txt"))
+
+
+def peak_of(paths: list[str], name: str = "train_step") -> int:
+    """XLA's "peak usage" of the module with the largest total among the buffer
+    assignments at `paths` (`buffer_assignments`; `name` only names it in errors)."""
+    text = _largest_buffer_assignment(paths, name)[1]
     found = re.search(r"peak usage: ([\d ]+) bytes", text)
     if not found:
         raise RuntimeError(f"XLA's buffer assignment for {name} states no peak usage")
     return int(found.group(1).replace(" ", ""))
 
 
-def _largest_buffer_assignment(dump: str, name: str) -> tuple[int, str]:
-    """(total bytes, text) of the buffer assignment of `name` with the largest total."""
+def _largest_buffer_assignment(paths: list[str], name: str) -> tuple[int, str]:
+    """(total bytes, text) of the buffer assignment at `paths` with the largest total."""
     found = []
-    for path in glob.glob(os.path.join(dump, f"*{name}*buffer-assignment.txt")):
+    for path in paths:
         with open(path) as f:
             text = f.read()
         total = re.search(r"Total bytes used: (\d+)", text)

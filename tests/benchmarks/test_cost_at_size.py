@@ -109,3 +109,17 @@ def test_a_real_model_is_measured_for_both_methods_and_an_ablation(monkeypatch):
     weighted = sum(1 for layer in _small_dense_block().layers if layer.trainable_weights)
     assert result["scales"] == weighted
     assert set(report.ratios(result)) == {"step", "first_step"}  # no dump: no peak
+
+
+def test_the_peak_is_read_from_the_largest_step_program_dumped_since_the_last_reading(tmp_path):
+    def dump(name, total, peak):
+        text = f"Total bytes used: {total}\nBufferAssignment stats:\n  peak usage: {peak} bytes\n"
+        (tmp_path / f"module_{name}.one_step_on_data.buffer-assignment.txt").write_text(text)
+
+    seen: set[str] = set()
+    dump("warm_up", 10, 7)
+    assert measure.peak_of_new_programs(str(tmp_path), seen) == 7
+    dump("first_trace", 100, 60)
+    dump("second_trace", 300, 200)
+    assert measure.peak_of_new_programs(str(tmp_path), seen) == 200  # the larger total's
+    assert measure.peak_of_new_programs(str(tmp_path), seen) is None  # nothing new
