@@ -69,8 +69,11 @@ def make_variables(state, variable_count: int) -> None:
     loss's entry and one for each of the `variable_count` trainable variables
     the optimizer is built for, and Keras's `step_counter` and `dynamic_scale`.
 
-    Every replica computes the same new values (from all-reduced statistics),
-    so each is written in replica context and kept from the first replica.
+    Every replica computes the same new values (from statistics and
+    finiteness agreed across replicas), so each replica writes its own copy
+    (`aggregation="none"`, as Keras's `LossScaleOptimizer` declares its
+    variables): a write needs no `merge_call`, which TensorFlow leaves out
+    when XLA compiles the step for several GPUs, and may sit in a branch.
     """
 
     def variable(name, dtype="float32", initial=state.initial_scale, shape=()):
@@ -78,7 +81,7 @@ def make_variables(state, variable_count: int) -> None:
             shape=shape,
             dtype=dtype,
             initializer=keras.initializers.Constant(initial),
-            aggregation="only_first_replica",
+            aggregation="none",
             name=name,
         )
 
@@ -297,7 +300,8 @@ def underflow(plan, statistics, weight_grads, float16, before) -> tuple[tf.Tenso
     underflow share is 1. Where nothing reached a component, its shares stay
     as they were (`before`, a pair of vectors).
     """
-    subnormal, zero = _statistics.underflow_shares(plan, weight_grads, float16)
+    shares = tf.stack(_statistics.underflow_shares(plan, weight_grads, float16))
+    subnormal, zero = tf.unstack(_statistics.mean_over_replicas(shares))
     lost, silent = whole_losses(plan, statistics)
     subnormal = tf.where(lost, tf.ones_like(subnormal), subnormal)
     return tf.where(silent, before[0], subnormal), tf.where(silent, before[1], zero)

@@ -6,7 +6,8 @@ the weight gradients and from the gradients that crossed the boundaries.
 All of it is computed where the optimizer applies the step, inside the one
 branch that runs on the steps that measure.
 `agree_across_replicas` and `reached_on_any_replica` make every replica
-decide alike; `underflow_shares` measures underflow for the telemetry.
+decide alike; `underflow_shares` measures underflow for the telemetry, and
+`mean_over_replicas` makes every replica record the same.
 """
 
 from __future__ import annotations
@@ -365,6 +366,15 @@ def agree_across_replicas(statistics: policies.Statistics) -> policies.Statistic
     return statistics._replace(
         amax=packed[0], mean_square=packed[1], overflow=packed[2] > 0, silent=packed[3] == 0
     )
+
+
+def mean_over_replicas(values: tf.Tensor) -> tf.Tensor:
+    """`values` averaged over all replicas (each replica's share of its own
+    batch; replicas hold equal batches under `MirroredStrategy`), so that
+    every replica writes the same telemetry."""
+    if not several_replicas():
+        return values
+    return tf.distribute.get_replica_context().all_reduce("MEAN", values)
 
 
 def reached_on_any_replica(reached: tf.Tensor) -> tf.Tensor:

@@ -16,10 +16,10 @@ HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
 
 
-def run(script):
+def run(script, *args):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run(
-        [sys.executable, str(HERE / "distributed" / script)],
+        [sys.executable, str(HERE / "distributed" / script), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -35,6 +35,13 @@ def test_mirrored_strategy_trains_like_one_device_and_skips_on_every_replica_tog
     out = run("mirrored.py")
     assert "fit float32: 2 replicas vs 1 device" in out
     assert "both replicas skipped that step" in out
+    assert "mirrored: all checks passed" in out
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_writes_the_same_telemetry_on_every_replica():
+    out = run("mirrored.py", "telemetry")
+    assert "the same on both" in out
     assert "mirrored: all checks passed" in out
 
 

@@ -1,9 +1,10 @@
 """MirroredStrategy over 2 logical CPU devices (run by tests/test_distributed.py).
 
-Run alone: `python tests/distributed/mirrored.py`; exits non-zero on failure.
+Run alone: `python tests/distributed/mirrored.py [telemetry]`; exits non-zero on failure.
 """
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -134,7 +135,46 @@ def check_one_bad_replica_makes_every_replica_skip():
     print("custom loop, NaN on replica 1 only: both replicas skipped that step, then trained on")
 
 
+def check_underflow_telemetry_is_the_same_on_every_replica():
+    """Each replica counts the zeros in its own gradients; what it writes must
+    still be what the other replica writes. Replica 0 gets positive inputs,
+    replica 1 negative ones, so every ReLU unit (all weights one) is alive on
+    replica 0 and dead on replica 1: their gradients' zeros differ."""
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(3)
+    strategy = tf.distribute.MirroredStrategy(DEVICES)
+    with strategy.scope():
+        model = keras_als.wrap_model(
+            keras.Sequential(
+                [
+                    keras.Input((10,)),
+                    keras.layers.Dense(32, activation="relu", kernel_initializer="ones"),
+                    keras.layers.Dense(1, dtype="float32"),
+                ]
+            )
+        )
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(
+            keras.optimizers.SGD(1e-3), estimate_underflow=True
+        )
+        model.compile(optimizer=optimizer, loss="mse")
+    x, y = data()
+    half = GLOBAL_BATCH // 2
+    sign = np.where(np.arange(len(x)) % GLOBAL_BATCH < half, 1.0, -1.0)[:, None]
+    x = (sign * (np.abs(x) + 0.1)).astype("float32")
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+    replicas_agree(optimizer.variables)
+    zero_rates = optimizer.telemetry(warn=False)["zero_rate"]
+    assert 0 < max(zero_rates.values()) < 1, zero_rates
+    print(f"telemetry with 2 replicas, zero rates {zero_rates}: the same on both")
+
+
 if __name__ == "__main__":
-    check_fit_matches_one_device()
-    check_one_bad_replica_makes_every_replica_skip()
+    # Strategies made one after another in a process share TensorFlow's
+    # collective keys: a second model whose gathered statistics differ in shape
+    # would meet the first's collectives. The telemetry check has its own process.
+    if sys.argv[1:] == ["telemetry"]:
+        check_underflow_telemetry_is_the_same_on_every_replica()
+    else:
+        check_fit_matches_one_device()
+        check_one_bad_replica_makes_every_replica_skip()
     print("mirrored: all checks passed")
