@@ -7,8 +7,9 @@ returned:
    magnitude (which says whether it is finite, and is the statistic a
    measuring step reads), and each one's component (the division by its
    scale runs where the step is applied);
-2. `check_finite`: whether every gradient is finite on every replica, and
-   which components an overflow reached;
+2. `check_finite`: whether every gradient is finite on every replica, which
+   components an overflow reached, and whether the loss was finite on every
+   replica (a skipped step says which of the two it was);
 3. `apply_or_skip`: the inner optimizer applies, or the step is skipped and
    the reached components learn from the overflow;
 4. `measure_and_choose` (measuring steps): the statistics, the policy's next
@@ -43,10 +44,12 @@ period may let pass: half of `policies.MaxSafe`'s default margin."""
 def run(optimizer, plan, grads: list, variables: list) -> None:
     """Applies one step's gradients of `plan`'s scaled loss, in the phases above."""
     gradients = group_by_component(plan, grads, variables, optimizer)
-    finite, reached = check_finite(plan, gradients.weight_amax)
+    finite, reached, loss_finite = check_finite(plan, gradients.weight_amax)
     step = _skip.step_number(optimizer)
     updated = optimizer.iterations > 0  # before this step's update
-    apply_or_skip(optimizer, plan, finite, reached, gradients.unscaled, variables, step)
+    apply_or_skip(
+        optimizer, plan, (finite, loss_finite), reached, gradients.unscaled, variables, step
+    )
     if not plan.built:
         return
     measuring = finite if plan.measuring is None else tf.logical_and(plan.measuring, finite)
@@ -60,7 +63,7 @@ def measure_only(optimizer, plan, grads: list, variables: list) -> None:
     the policy choose the scales, applying nothing and counting no step
     (`keras_als.calibrate`). Where a gradient is not finite nothing changes."""
     gradients = group_by_component(plan, grads, variables, optimizer)
-    finite, _ = check_finite(plan, gradients.weight_amax)
+    finite, _, _ = check_finite(plan, gradients.weight_amax)
     step = _skip.step_number(optimizer)
     updated = optimizer.iterations > 0
     measure_and_choose(optimizer, plan, gradients, finite, finite, step, updated)
@@ -117,15 +120,19 @@ def group_by_component(plan, grads, variables, optimizer) -> Gradients:
     return Gradients(weight_grads, float16, weight_amax, list(grads), components, plan.scales)
 
 
-def check_finite(plan, weight_amax: _statistics.WeightAmax) -> tuple[tf.Tensor, tf.Tensor]:
-    """Phase 2: whether every gradient is finite on every replica, and which
-    components an overflow reached.
+def check_finite(plan, weight_amax: _statistics.WeightAmax) -> tuple[tf.Tensor, ...]:
+    """Phase 2: `(finite, reached, loss_finite)`: whether every gradient is
+    finite on every replica, which components an overflow reached, and
+    whether the loss was finite on every replica.
 
     Non-finite weight gradients mark the components an overflow reached: where
     it started and every component upstream of it. On measuring steps the
     gradients entering each component's wrapped layers are reduced too (else
     they read 0): a non-finite one counts. With a loss that is not finite, the
-    forward pass (the data) is to blame, not the scales: it reaches none.
+    forward pass (the data, or a layer's float16 output) is to blame, not the
+    scales: it reaches none, and the skipped step is marked so for the
+    telemetry. The loss's flag travels in the gradients' one gather across
+    replicas, as one more element.
     """
     crossed = {}
     if plan.crossings is not None:
@@ -138,21 +145,31 @@ def check_finite(plan, weight_amax: _statistics.WeightAmax) -> tuple[tf.Tensor, 
         if id(b) in crossed
     ]
     not_finite = _not_finite_per_component(weight_amax.extended(inside), len(plan.components))
-    finite = tf.logical_not(tf.reduce_any(_statistics.reached_on_any_replica(not_finite)))
+    loss_not_finite = tf.reshape(tf.logical_not(plan.loss_finite), [1])
+    anywhere = _statistics.reached_on_any_replica(tf.concat([not_finite, loss_not_finite], 0))
+    finite = tf.logical_not(tf.reduce_any(anywhere[:-1]))
     reached = _statistics.reached_on_any_replica(tf.logical_and(not_finite, plan.loss_finite))
-    return finite, reached
+    return finite, reached, tf.logical_not(anywhere[-1])
 
 
 def apply_or_skip(optimizer, plan, finite, reached, unscaled, variables, step) -> None:
-    """Phase 3: applies the unscaled gradients if `finite`; else skips the step,
-    changing no weight, inner optimizer slot or forward state, and learns from
-    the overflow."""
+    """Phase 3: applies the unscaled gradients if `finite` (a pair: the
+    gradients' flag and the loss's); else skips the step, changing no
+    weight, inner optimizer slot or forward state, and learns from the
+    overflow."""
+    finite, loss_finite = finite
 
     def learn():
         _scale_state.learn_from_overflow(optimizer, plan, reached, step)
 
     _skip.apply_if_finite(
-        optimizer, finite, unscaled, variables, step, on_skip=learn if plan.built else None
+        optimizer,
+        finite,
+        unscaled,
+        variables,
+        step,
+        on_skip=learn if plan.built else None,
+        loss_finite=loss_finite,
     )
     _forward_state.restore_unless(finite)
 

@@ -2,7 +2,8 @@
 
 - `forward_not_finite`: the innermost layers whose float16 output is not
   finite while their inputs are (or whose input overflows in its cast to
-  float16), found again with those in float32 until none is left;
+  float16, or whose float16 call raises where its float32 call does not),
+  found again with those in float32 until none is left;
 - `mixing_layers`: the layers whose call fails once given layers compute in
   float32, because it combines their float32 output with its own float16
   tensors in raw operations (Keras casts a layer's inputs, not the tensors
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import tensorflow as tf
 
@@ -123,22 +125,61 @@ def recording_calls(model, record, before=None):
                 object.__delattr__(layer, "call")
 
 
-def forward_not_finite(model, x) -> list[tuple[str, str]]:
+class CallRaised(Exception):
+    """The forward pass raised `error` inside the call of the layer at `path`
+    (the innermost whose call had begun and not ended; None: outside any)."""
+
+    def __init__(self, path: str | None, error: BaseException):
+        super().__init__(path, error)
+        self.path, self.error = path, error
+
+
+def forward_not_finite(model, x) -> list[tuple[str, str, str]]:
     """The innermost layers whose float16 output is not finite, inputs finite
-    (or whose input cast to float16 is not), with the reason.
+    (or whose input cast to float16 is not, or whose call raises), as
+    `(path, reason, error text)` (the text empty but for `"raises"`).
 
     A layer downstream of one whose output is not finite shows only once that
     one computes in float32, so the forward pass runs again with the layers
     found so far in float32 until it finds no more (policies restored after).
+    A layer whose call raises is tried again in float32 so: where it raises
+    again (or the error is outside any layer's call), float32 is no fix, and
+    the model is called once more as it is, without hooks, so that the error
+    it raises reaches the caller as calling the model would raise it.
     """
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str, str]] = []
+    errors: dict[str, BaseException] = {}
     with policies_kept(model):
         while True:
-            new = [p for p in first_not_finite(model, x) if p not in found]
+            try:
+                new = [(p, r, "") for p, r in first_not_finite(model, x)]
+            except CallRaised as raised:
+                if raised.path is None or raised.path in errors:
+                    error = raised.error
+                    break
+                errors[raised.path] = raised.error
+                new = [(raised.path, "raises", error_text(raised.error))]
+            new = [f for f in new if f[0] not in [p for p, _, _ in found]]
             if not new:
                 return found
             found += new
-            to_float32(layers_by_path(model, [p for p, _ in new]))
+            to_float32(layers_by_path(model, [p for p, _, _ in new]))
+    model(x, training=True)  # raises, as it does for the user
+    raise error  # unless it did not this time
+
+
+def error_text(error: BaseException, longest: int = 240) -> str:
+    """`error`'s type and the first line of its own message, at most `longest`
+    characters: Keras puts "Exception encountered when calling ..." before the
+    message of an error inside a layer's call, and marks it in bold."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    lines = [
+        line.strip()
+        for line in plain.splitlines()
+        if line.strip() and not line.startswith("Exception encountered when calling")
+    ]
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= longest else text[: longest - 3] + "..."
 
 
 def first_not_finite(model, x) -> list[tuple[str, str]]:
@@ -150,11 +191,13 @@ def first_not_finite(model, x) -> list[tuple[str, str]]:
     after some finite output beyond float16's range: what such a cast makes."""
     origins = []
     seen = {"not_finite": False, "beyond_float16": False}
+    calling = []  # the layers whose call has begun and not ended
 
     def finite(structure):
         return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in floats(structure))
 
     def before(layer, args, kwargs):
+        calling.append(layer)
         if seen["not_finite"] or finite((args, kwargs)):
             return
         seen["not_finite"] = True
@@ -163,6 +206,7 @@ def first_not_finite(model, x) -> list[tuple[str, str]]:
             origins.append((layer, "input"))
 
     def record(layer, args, kwargs, outputs):
+        calling.pop()
         if not finite(outputs):
             if finite((args, kwargs)):
                 origins.append((layer, "forward"))
@@ -172,8 +216,11 @@ def first_not_finite(model, x) -> list[tuple[str, str]]:
 
     if not finite(x):
         raise ValueError("keras_als.diagnose: the inputs x are not finite; check the data.")
-    with recording_calls(model, record, before):
-        model(x, training=True)
+    try:
+        with recording_calls(model, record, before):
+            model(x, training=True)
+    except Exception as error:  # any error of a layer's float16 call
+        raise CallRaised(path(calling[-1], model) if calling else None, error) from error
     paths = []
     for layer, reason in origins:
         inner = {id(i) for i in all_layers(layer, include_self=False)}

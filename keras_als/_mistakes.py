@@ -15,7 +15,10 @@ once, as a `UserWarning`:
 - `warn_stuck`: the stuck rule of the telemetry fired (skips in a row, or
   too many recent ones), said at the end of `fit` too, monitor or not;
 - `warn_needs_float32`: not stuck, but float16 loses whole layers' gradients
-  (`telemetry()["needs_float32"]`), said at the end of `fit` too.
+  (`telemetry()["needs_float32"]`), said at the end of `fit` too;
+- `warn_beyond_float16`: neither, but layers' gradients went beyond float16's
+  range (`telemetry()["beyond_float16"]`), their scales since recovered or
+  not, said at the end of `fit` too.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ def warn_from_telemetry(optimizer, telemetry: dict, stacklevel: int = 3) -> None
     or layers float16 cannot train."""
     warn_stuck(optimizer, telemetry["warning"], stacklevel=stacklevel + 1)
     warn_needs_float32(optimizer, telemetry, stacklevel=stacklevel + 1)
+    warn_beyond_float16(optimizer, telemetry, stacklevel=stacklevel + 1)
 
 
 def warn_needs_float32(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
@@ -128,6 +132,28 @@ def warn_needs_float32(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
         f"keras_als: float16 loses the gradients of {named}{more}. Their gradients "
         "overflowed float16 at loss scales below 1, and at the scale that holds them their "
         f"gradients flush to zero: those weights do not train. To fix it, {_telemetry.FLOAT32_FIX}",
+        stacklevel=stacklevel,
+    )
+
+
+def warn_beyond_float16(optimizer, telemetry: dict, stacklevel: int = 3) -> None:
+    """Says once, in one line, which layers' gradients went beyond float16's
+    range (their overflows started at scales below 1), where neither the
+    stuck warning nor `warn_needs_float32` named layers: the scales may have
+    recovered since, but each of those steps was skipped."""
+    beyond = telemetry["beyond_float16"]
+    if telemetry["warning"] is not None or telemetry["needs_float32"] or not beyond:
+        return
+    named = ", ".join(f"{name} ({telemetry['overflows'][name]} overflows)" for name in beyond[:8])
+    more = f" and {len(beyond) - 8} more" if len(beyond) > 8 else ""
+    warn_once(
+        optimizer,
+        "beyond_float16",
+        f"keras_als: the gradients of {named}{more} went beyond float16's range: their "
+        "overflows started at loss scales below 1, so their largest gradients exceed 65504. "
+        "Each of those steps was skipped, whether the scales recovered since or not, and no "
+        f"loss scale holds such gradients without flushing the small ones. To fix it, "
+        f"{_telemetry.FLOAT32_FIX}",
         stacklevel=stacklevel,
     )
 

@@ -16,7 +16,7 @@ of its entries:
 - `choose_scales` (measuring steps): the policy's next scales, with the
   headroom left;
 - `record_measurement` (measuring steps): which scales now come from a
-  measurement; the underflow shares, for the telemetry (the caller `write`s
+  measurement (`MEASURED`); the underflow shares, for the telemetry (the caller `write`s
   the rows of both in one assignment);
 - `learn_from_overflow` (skipped steps): back off, headroom, where the
   overflow started;
@@ -42,7 +42,7 @@ PER_SCALE = (
     "scale",  # each entry's scale (entry 0: the loss's is Keras's dynamic_scale)
     "headroom",  # what overflows taught each scale (policies.Headroom) ...
     "headroom_since",  # ... and since which step
-    "measured",  # 1 once chosen from a measurement, 0 while the first guess
+    "flags",  # MEASURED + BEYOND_FLOAT16 (sums of the flags below; 0: none)
     "overflow_counts",  # telemetry: overflows that started there ...
     "last_overflow_step",  # ... and the last one's step (-1: none)
     "underflow_rates",  # telemetry: float16 subnormal share ...
@@ -50,6 +50,13 @@ PER_SCALE = (
     "safe_scale",  # the scale of the last measuring step, which was finite (MAX_SCALE: none)
 )
 """The rows of the table in `scale_state` (counts and flags are exact integers in it)."""
+
+MEASURED = 1.0
+"""Flag: the scale was chosen from a measurement (not: the first guess)."""
+BEYOND_FLOAT16 = 2.0
+"""Flag: an overflow started there at a scale below 1 (the gradients exceeded
+float16's largest value), on any step so far, though the scale recovered
+since. Older checkpoints, whose row held the first flag alone, load as they are."""
 
 COUNTERS = (
     "skipped_steps",
@@ -235,8 +242,8 @@ def record_measurement(state, plan, statistics, gradients) -> dict:
     """The rows to `write`: which scales now come from a measurement, and the
     underflow (telemetry)."""
     informed = tf.logical_and(tf.math.is_finite(statistics.amax), tf.logical_not(statistics.silent))
-    was = per_component(plan, row(state, "measured"))
-    rows = {"measured": tf.where(informed, tf.ones_like(was), was)}
+    was = per_component(plan, row(state, "flags"))
+    rows = {"flags": tf.where(informed, was - has_flag(was, MEASURED) + MEASURED, was)}
     if not state.estimate_underflow:
         # Without the counts, only the whole losses: 1 where every gradient
         # of the component flushed to zero at its scale, 0 elsewhere.
@@ -263,11 +270,13 @@ def learn_from_overflow(state, plan, reached, step) -> None:
     that held (`policies.back_off`); where the overflow started
     (`policies.overflow_origins`) the measured scales gain headroom and the other
     measured ones rise to at least one step of it (`policies.after_overflow`);
-    telemetry notes the origin."""
+    telemetry notes the origin, and flags `BEYOND_FLOAT16` where its scale
+    was below 1."""
     safe = per_component(plan, row(state, "safe_scale"))
     scales = tf.where(reached, policies.back_off(plan.scales, safe), plan.scales)
     origin = policies.overflow_origins(reached, plan.downstream())
-    measured = per_component(plan, row(state, "measured")) > 0
+    flags = per_component(plan, row(state, "flags"))
+    measured = has_flag(flags, MEASURED) > 0
     headroom = policies.after_overflow(
         headroom_of(state, plan),
         reached=tf.logical_and(reached, measured),
@@ -277,14 +286,22 @@ def learn_from_overflow(state, plan, reached, step) -> None:
     )
     counts = per_component(plan, row(state, "overflow_counts"))
     last = per_component(plan, row(state, "last_overflow_step"))
+    below_one = tf.logical_and(origin, plan.scales < 1.0)
+    beyond = tf.cast(tf.logical_and(below_one, has_flag(flags, BEYOND_FLOAT16) == 0), flags.dtype)
     rows = {
         "scale": scales,
+        "flags": flags + BEYOND_FLOAT16 * beyond,
         "headroom": headroom.binades,
         "headroom_since": headroom.since,
         "overflow_counts": counts + tf.cast(origin, counts.dtype),
         "last_overflow_step": tf.where(origin, tf.fill(tf.shape(last), step), last),
     }
     write(plan, state, rows)
+
+
+def has_flag(flags, flag: float):
+    """`flag` where `flags` (values of the `"flags"` row) hold it, else 0."""
+    return flag * (tf.math.floormod(tf.math.floor(flags / flag), 2.0))
 
 
 def _entries_of(plan) -> tuple[list[list[int]], list[int]]:

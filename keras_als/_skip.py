@@ -2,7 +2,11 @@
 
 A skipped step changes no weight and no slot of the inner optimizer; it
 counts in the optimizer's counters (`skipped_steps`, `skipped_in_a_row` and
-the recent skips window, for the telemetry) and runs `on_skip`.
+the recent skips window, for the telemetry) and runs `on_skip`. Its entry
+of the window says why it was skipped: `SKIPPED` for a gradient that was not
+finite, `SKIPPED_LOSS_NOT_FINITE` where the loss itself was not (the forward
+pass). The mark is written only in the branch that skips: an applied step
+pays nothing for it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,13 @@ import tensorflow as tf
 
 from keras_als import _scale_state
 from keras_als._keras_private import strategy_supports_no_merge_call
+
+SKIPPED = 1.0
+"""The recent skips window's entry for a step skipped for its gradients (0: applied)."""
+SKIPPED_LOSS_NOT_FINITE = 2.0
+"""The entry for a skipped step whose loss was not finite. The window's
+layout is unchanged: checkpoints written before this mark existed load, and
+their skipped steps read as `SKIPPED`."""
 
 
 def step_number(optimizer) -> tf.Tensor:
@@ -29,8 +40,13 @@ def apply_if_finite(
     variables,
     step,
     on_skip: Callable[[], None] | None = None,
+    loss_finite: tf.Tensor | None = None,
 ) -> None:
     """Applies `gradients()` with `optimizer.inner_optimizer` if `finite`, else skips the step.
+
+    A skipped step whose `loss_finite` is false is marked
+    `SKIPPED_LOSS_NOT_FINITE` in the recent skips window (None: the loss is
+    not known, `SKIPPED`).
 
     `gradients` is called inside the branch that applies them, so that XLA
     fuses what computes them (the unscaling) into the update.
@@ -51,10 +67,13 @@ def apply_if_finite(
             optimizer, new_counters=_scale_state.counters_with(optimizer, masks, zero=zero)
         )
 
-    def skip_step():
+    def skip_step(loss_finite=loss_finite):
         counted = ("skipped_steps", "skipped_in_a_row")
+        mark = SKIPPED
+        if loss_finite is not None:
+            mark = tf.where(loss_finite, SKIPPED, SKIPPED_LOSS_NOT_FINITE)
         counters = _scale_state.counters_with(
-            optimizer, masks, increment=counted, values={"window": 1}
+            optimizer, masks, increment=counted, values={"window": mark}
         )
         _scale_state.assign(optimizer, new_counters=counters)
 
@@ -70,8 +89,10 @@ def apply_if_finite(
 
     # The inner optimizer all-reduces through merge_call, which a cond in
     # replica context cannot contain: decide in cross-replica context.
-    def decide(distribution, finite, grads):
+    def decide(distribution, finite, loss_finite, grads):
         finite = distribution.experimental_local_results(finite)[0]
+        if loss_finite is not None:
+            loss_finite = distribution.experimental_local_results(loss_finite)[0]
 
         def apply_everywhere():
             distribution.extended.call_for_each_replica(
@@ -80,8 +101,8 @@ def apply_if_finite(
             )
             applied()
 
-        keras.ops.cond(finite, apply_everywhere, skip_step)
+        keras.ops.cond(finite, apply_everywhere, lambda: skip_step(loss_finite))
         if on_skip is not None:
             keras.ops.cond(finite, lambda: None, on_skip)
 
-    tf.distribute.get_replica_context().merge_call(decide, args=(finite, gradients()))
+    tf.distribute.get_replica_context().merge_call(decide, args=(finite, loss_finite, gradients()))

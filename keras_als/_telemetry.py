@@ -2,9 +2,10 @@
 
 `read` turns `AdaptiveLossScaleOptimizer`'s variables into the dict that
 `telemetry()` returns (`layer_scales` into `layer_scales()`'s), `stuck`
-says why the scaling looks stuck (or None), `beyond_float16` which layers'
-gradients exceed float16's range and `needs_float32` which of those float16
-also loses at their scale. Reading telemetry never changes training.
+says why the scaling looks stuck (or None: where the loss itself was not
+finite on most skipped steps, it names the float32 tools), `beyond_float16`
+which layers' gradients exceed float16's range and `needs_float32` which of
+those float16 also loses at their scale. Reading telemetry never changes training.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import keras
 
 from keras_als import _entries, _scale_state, policies
 from keras_als._scale_state import SKIP_WINDOW
+from keras_als._skip import SKIPPED_LOSS_NOT_FINITE
 
 STUCK_SHARE = 0.25
 """Share of the last `SKIP_WINDOW` steps skipped above which the scaling is reported stuck."""
@@ -32,13 +34,14 @@ def read(optimizer) -> dict:
         values = keras.ops.convert_to_numpy(_scale_state.row(optimizer, name))
         return {n: kind(values[e]) for n, e in zip(names, entries)}
 
-    steps = skipped = in_a_row = 0
+    steps = skipped = in_a_row = loss_not_finite = 0
     recent = 0.0
     if built:
         skipped = int(keras.ops.convert_to_numpy(optimizer.skipped_steps))
         steps = int(keras.ops.convert_to_numpy(optimizer.iterations)) + skipped
         window = keras.ops.convert_to_numpy(_scale_state.recent_skips(optimizer))
-        recent = float(window.sum()) / max(1, min(steps, SKIP_WINDOW))
+        recent = float((window > 0).sum()) / max(1, min(steps, SKIP_WINDOW))
+        loss_not_finite = int((window == SKIPPED_LOSS_NOT_FINITE).sum())
         in_a_row = int(
             keras.ops.convert_to_numpy(_scale_state.counter(optimizer, "skipped_in_a_row"))
         )
@@ -52,9 +55,12 @@ def read(optimizer) -> dict:
         "skipped_steps": skipped,
         "recent_skip_rate": recent,
         "skipped_in_a_row": in_a_row,
+        "loss_not_finite": loss_not_finite,
         "steps": steps,
     }
-    telemetry["beyond_float16"] = beyond_float16(telemetry)
+    flags = per_layer("flags", float, 0.0)
+    flagged = [n for n, f in flags.items() if int(f) & int(_scale_state.BEYOND_FLOAT16)]
+    telemetry["beyond_float16"] = beyond_float16(telemetry, flagged)
     in_float32 = [
         name
         for owner, _, name in (_entries.scaled(optimizer) if built else [])
@@ -74,14 +80,19 @@ def layer_scales(optimizer) -> dict[str, float]:
     return {name: float(values[entry]) for name, entry in zip(names, entries)}
 
 
-def beyond_float16(telemetry: dict) -> list[str]:
+def beyond_float16(telemetry: dict, flagged: Sequence[str] = ()) -> list[str]:
     """The layers whose overflows started at a scale below 1: their true
     gradients exceed float16's largest value (65504), so no loss scale holds
-    them without flushing their small ones; float32 for the layer does."""
+    them without flushing their small ones; float32 for the layer does.
+
+    Those whose scale is below 1 now and overflowed, and those of `flagged`
+    (the optimizer flags an overflow that started at a scale below 1, so a
+    layer stays named after its scale recovered)."""
     return [
         name
         for name, scale in telemetry["scale"].items()
-        if name != "loss" and scale < 1.0 and telemetry["overflows"].get(name, 0) > 0
+        if name != "loss"
+        and (name in flagged or (scale < 1.0 and telemetry["overflows"].get(name, 0) > 0))
     ]
 
 
@@ -147,12 +158,43 @@ def stuck(telemetry: dict, in_a_row_limit: int) -> str | None:
         if beyond
         else ""
     )
+    start = f"keras_als: loss scaling looks stuck: {what}{where}{at_floor}.{fix}"
+    if _mostly_loss_not_finite(telemetry):
+        return f"{start} {_loss_not_finite(telemetry)}"
     return (
-        f"keras_als: loss scaling looks stuck: {what}{where}{at_floor}.{fix} Skipped steps "
-        "change no weight. The usual causes: NaN or Inf in the input data or labels, a "
-        "loss that is already not finite in float32, or a learning rate that makes "
-        "training diverge. Check the data (tf.debugging.check_numerics), train a few "
-        "steps in float32, or lower the learning rate."
+        f"{start} Skipped steps change no weight. The usual causes: NaN or Inf in the input "
+        "data or labels, a loss that is already not finite in float32, or a learning rate "
+        "that makes training diverge. Check the data (tf.debugging.check_numerics), train a "
+        "few steps in float32, or lower the learning rate."
+    )
+
+
+def _mostly_loss_not_finite(telemetry: dict) -> bool:
+    """Whether the loss itself was not finite on half or more of the skipped
+    steps of the last `SKIP_WINDOW`."""
+    skipped = round(telemetry["recent_skip_rate"] * min(telemetry["steps"], SKIP_WINDOW))
+    losses = telemetry.get("loss_not_finite", 0)
+    return losses > 0 and 2 * losses >= skipped
+
+
+FORWARD_FIX = (
+    "if the model trains in float32, a layer whose float16 forward pass is not finite (a mask "
+    "of -1e9 is -inf in float16, and 0 * -inf is NaN): keras_als.diagnose(model, x, y) names "
+    "those layers on a batch and its apply(model) computes them in float32; in fit, the "
+    "callback keras_als.Float32Fallback(x, y) does both before the first step."
+)
+"""The fix the stuck warning gives where the loss itself was not finite."""
+
+
+def _loss_not_finite(telemetry: dict) -> str:
+    window = min(telemetry["steps"], SKIP_WINDOW)
+    return (
+        f"The loss itself was not finite on {telemetry['loss_not_finite']} of the last "
+        f"{window} steps: the forward pass, not the gradients, and no loss scale changes a "
+        "forward pass. Skipped steps change no weight. The causes: NaN or Inf in the input "
+        "data or labels (check them with tf.debugging.check_numerics); a loss not finite in "
+        "float32 too, or a learning rate that makes training diverge (train a few steps in "
+        f"float32); or, {FORWARD_FIX}"
     )
 
 

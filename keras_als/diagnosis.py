@@ -55,28 +55,34 @@ class Finding:
             `"input_range"` (the gradients into its input do: Keras casts a
             float16 layer's inputs to float16 as they enter, so that gradient
             passes through float16 even where the layers around it compute in
-            float32; a Swin block takes its residual stream so) or
+            float32; a Swin block takes its residual stream so),
             `"mixed"` (its own operations combine a float32 layer's output
             with float16 tensors once the others are in float32: a Swin
             block's attention adds its float16 mask to the scores of a
-            float32 projection).
+            float32 projection) or `"raises"` (its float16 call raises
+            and its float32 call does not: a float32 constant combined with
+            a float16 tensor inside it).
         largest: The largest magnitude of its float32 gradients (`"range"`,
             `"input_range"`: of those into its input).
         underflow_share: The share of its non-zero float32 gradients that
             flush to zero in float16 at the largest power-of-two scale at
             which the largest does not overflow (`"range"`, `"input_range"`).
+        error: The error's type and the first line of its text (`"raises"`).
     """
 
     layer: str
     reason: str
     largest: float = math.nan
     underflow_share: float = math.nan
+    error: str = ""
 
     def __str__(self) -> str:
         if self.reason == "forward":
             return f"{self.layer}: its float16 output is not finite (its inputs are)"
         if self.reason == "input":
             return f"{self.layer}: its input overflows float16 when cast to it (its compute dtype)"
+        if self.reason == "raises":
+            return f"{self.layer}: its float16 call raises (in float32 it runs): {self.error}"
         if self.reason == "mixed":
             return (
                 f"{self.layer}: combines a float32 layer's output with float16 tensors "
@@ -145,7 +151,9 @@ def diagnose(
 
     Runs `model` on `(x, y)` eagerly, in training mode: as it is (under
     `mixed_float16`) to find layers whose output is not finite while their
-    inputs are (again with those in float32, until none is left), then with
+    inputs are, or whose call raises (a dtype mismatch inside it) where it
+    does not in float32 (again with those in float32, until none is left;
+    an error that float32 raises too is raised as the model raises it), then with
     every layer computing in float32 (their policies are restored after) to
     measure each layer's gradients: its weights' and its outputs', and
     those into its inputs (where the trainable weights reach them). A layer
@@ -188,7 +196,7 @@ def diagnose(
     with forward.state_kept(model):
         not_finite = forward.forward_not_finite(model, x)
         if not_finite:
-            findings = [Finding(path, reason) for path, reason in not_finite]
+            findings = [Finding(path, reason, error=error) for path, reason, error in not_finite]
         else:
             findings = _range_findings(model, x, y, loss)
         mixed = forward.mixing_layers(model, x, [f.layer for f in findings])

@@ -4,6 +4,8 @@ A loss scale cannot widen float16's range. When `fit` begins, before its first
 step, this callback diagnoses a batch the user gives it, computes the layers
 it names in float32 and chooses every scale from a float32 measurement of the
 same batch (`keras_als.calibrate`), so that no step is skipped finding them.
+A resumed `fit` (a model rebuilt from code and restored from a checkpoint,
+whose weights hold no dtype policy) is diagnosed again before its first step.
 Then, when the optimizer's telemetry says a layer's gradients outran it
 (`telemetry()["beyond_float16"]`: an overflow started there at a scale below
 1), or the steps keep being skipped (a forward pass that is not finite in
@@ -32,6 +34,14 @@ class Float32Fallback(keras.callbacks.Callback):
     When `fit` begins on a model that has not trained yet (`at_start`), it
     diagnoses `(x, y)`, computes the layers found in float32, and calibrates
     the scales on `(x, y)` (`keras_als.calibrate`), before the first step.
+    When a resumed `fit` begins (the optimizer has taken steps, and this
+    callback has not changed the model: a model rebuilt from code and
+    restored by `keras.callbacks.BackupAndRestore` or `load_weights`), it
+    diagnoses `(x, y)` with the restored weights the same way, without
+    calibrating (the scales were restored): the layers it moved to float32
+    before come back, since no weights file holds a dtype policy (a
+    `.keras` file does). Both happen at the first batch, after every
+    callback's `on_train_begin`, wherever `BackupAndRestore` is listed.
     Then, before each batch, if the step before it was skipped, it reads the
     optimizer's telemetry.
     If it names layers beyond float16's range that it has not seen yet, or
@@ -56,7 +66,8 @@ class Float32Fallback(keras.callbacks.Callback):
             even when no layer is named beyond float16.
         rounds: Most diagnoses in one `fit`, besides the one at the start.
         at_start: Whether to diagnose and calibrate when `fit` begins, if the
-            optimizer has taken no step yet.
+            optimizer has taken no step yet (a resumed `fit` is diagnosed
+            either way).
         verbose: Whether to print each diagnosis that changed the model.
 
     Example:
@@ -106,24 +117,45 @@ class Float32Fallback(keras.callbacks.Callback):
         self._diagnoses = 0
         self._skipped = 0
         self._seen: set[str] = set()
+        self._first_batch = False
+        self._model_seen = None  # the model of the last fit
 
     def on_train_begin(self, logs=None):
-        optimizer = _mistakes.adaptive_optimizer(
+        _mistakes.adaptive_optimizer(
             self.model.optimizer, AdaptiveLossScaleOptimizer, "Float32Fallback"
         )
         self._diagnoses = 0
+        self._first_batch = True
+
+    def _begin(self) -> None:
+        """At the first batch of a `fit`, once every callback's `on_train_begin`
+        has run (`BackupAndRestore` has restored the weights and the
+        optimizer, wherever it is listed): before the first step, diagnose
+        and calibrate; on a resumed run (steps taken, and this callback has
+        not changed this model yet), diagnose again with the restored
+        weights, since the layers moved to float32 before the interruption
+        are float16 again in a model rebuilt from code (its weights and
+        optimizer state hold no dtype policy)."""
+        steps = self.model.optimizer.telemetry(warn=False)["steps"]
         self._skipped = self._skipped_steps()
-        if self.at_start and not optimizer.telemetry(warn=False)["steps"]:
+        resumed = steps > 0 and not self.applied and self._model_seen is not self.model
+        self._model_seen = self.model
+        if (self.at_start and not steps) or resumed:
             # A forward finding hides the layers after it: diagnose again.
             for _ in range(self.rounds):
-                if not self._diagnose(0):
+                if not self._diagnose(steps):
                     break
+        if self.at_start and not steps:
             calibrate(self.model, self.x, self.y, loss=self.loss)
 
     def on_train_batch_begin(self, batch, logs=None):
         # Not on_train_batch_end: a callback with one makes `fit` wait for and
         # convert every batch's logs on the host. The step before this batch
         # has run, and `fit` reads `train_function` after this returns.
+        if self._first_batch:
+            self._first_batch = False
+            self._begin()
+            return
         if self._diagnoses >= self.rounds:
             return
         skipped = self._skipped_steps()

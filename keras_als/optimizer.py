@@ -261,17 +261,18 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             `estimate_underflow` is true (`ScaleMonitor` sets it); without it,
             `"underflow_rate"` is 1 where the component's gradient flushed to
             zero whole on the last measuring step, 0 elsewhere, and
-            `"zero_rate"` is 0. And for the whole model: `"skipped_steps"`
-            (all), `"recent_skip_rate"` (share of the last `SKIP_WINDOW` steps
-            skipped), `"skipped_in_a_row"`, `"steps"` (applied and skipped),
-            `"beyond_float16"`: the layers whose overflows started at a scale
-            below 1 (their gradients exceed float16's largest value),
-            `"needs_float32"`: those of them computing in float16 whose
-            gradients also underflow (half or more) at their scale, which
-            float16 cannot train (said once as a `UserWarning` naming the
-            float32 fix, here and at the end of `fit`), and `"warning"`:
-            None, or why the scaling looks stuck (also said once as a
-            `UserWarning`).
+            `"zero_rate"` is 0. For the whole model: `"skipped_steps"` (all),
+            `"recent_skip_rate"` (share of the last `SKIP_WINDOW` steps
+            skipped), `"skipped_in_a_row"`, `"loss_not_finite"` (steps of the
+            last `SKIP_WINDOW` skipped because the loss itself was not finite),
+            `"steps"` (applied and skipped), `"beyond_float16"`: the layers
+            where an overflow started at a scale below 1 on any step (their
+            gradients exceed float16's largest value), `"needs_float32"`:
+            those of them computing in float16 whose gradients also underflow
+            (half or more) at their scale, and `"warning"`: None, or why the
+            scaling looks stuck (naming `diagnose` and `Float32Fallback` where
+            the loss itself was not finite). Each is said once as a
+            `UserWarning` naming the fix, here and at the end of `fit`.
 
         Example:
 

@@ -40,6 +40,14 @@ def needs_float32_warning(telemetry: dict) -> str:
     return f"UserWarning: {warning.message}"
 
 
+def beyond_float16_warning(telemetry: dict) -> str:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _mistakes.warn_beyond_float16(types.SimpleNamespace(), telemetry)
+    (warning,) = caught
+    return f"UserWarning: {warning.message}"
+
+
 def rendered() -> list[str]:
     """The messages the guide quotes, rendered by the code for the guide's values."""
     patch = {
@@ -56,11 +64,19 @@ def rendered() -> list[str]:
         "scale": {"loss": 1.0, "wide": 1.0},
         "last_overflow_step": {"loss": -1, "wide": -1},
         "beyond_float16": [],
+        "loss_not_finite": 32,
     }
     stuck = _telemetry.stuck(all_skipped, in_a_row_limit=20)
+    recovered = {
+        "warning": None,
+        "needs_float32": [],
+        "beyond_float16": ["hidden"],
+        "overflows": {"loss": 0, "hidden": 5},
+    }
     return [
         needs_float32_warning(patch),
         f"UserWarning: {stuck}",
+        beyond_float16_warning(recovered),
         str(Diagnosis((Finding("wide", "forward"),))),
     ]
 

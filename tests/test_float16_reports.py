@@ -105,6 +105,62 @@ def test_the_needs_float32_warning_names_the_layers_and_the_fix_once_and_not_whe
     assert 'layer.dtype_policy = "float32"' in message and "Float32Fallback(x, y)" in message
 
 
+def test_a_layer_that_overflowed_below_scale_one_is_named_at_the_end_of_fit_after_it_recovered():
+    """Targets of 1e7 on the first 5 of 50 batches: the hidden layer's float16
+    gradients overflow at every scale down to below 1 (5 skipped steps), then
+    the scales rise back to 2**11 on ordinary targets. The layer is still
+    `beyond_float16` at the end, and `fit` says so in one warning naming the
+    fix; the loss was finite throughout (no step counts as its forward pass)."""
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(0)
+    model = keras_als.wrap_model(
+        keras.Sequential(
+            [
+                keras.Input((4,)),
+                keras.layers.Dense(8, activation="tanh", name="hidden"),
+                keras.layers.Dense(1, dtype="float32", name="out"),
+            ]
+        )
+    )
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer, "mse", jit_compile=True)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50 * 8, 4)).astype("float32")
+    y = rng.normal(size=(50 * 8, 1)).astype("float32")
+    y[: 5 * 8] *= 1e7
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    telemetry = optimizer.telemetry(warn=False)
+    assert telemetry["skipped_steps"] == 5 and telemetry["loss_not_finite"] == 0
+    assert min(telemetry["scale"].values()) >= 1.0, telemetry["scale"]  # recovered
+    assert telemetry["beyond_float16"] == ["hidden"] and telemetry["warning"] is None
+    said = [str(w.message) for w in caught if "keras_als" in str(w.message)]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert said[0].startswith(
+        "keras_als: the gradients of hidden (5 overflows) went beyond float16's range"
+    )
+    assert "keras_als.Float32Fallback(x, y)" in said[0] and "keras_als.diagnose" in said[0]
+
+
+def test_the_flags_row_reads_older_checkpoints_which_held_the_measured_flag_alone():
+    """The row that says which scales were measured holds the flag of layers
+    beyond float16 too, as 2: a checkpoint written before it holds 0 and 1
+    and loads into the same layout, with no layer beyond float16."""
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
+    layer = keras.layers.Dense(1, name="dense")
+    model = keras_als.wrap_model(keras.Sequential([keras.Input((2,)), layer]))
+    optimizer.build(model.trainable_variables)
+    flags = _scale_state.PER_SCALE.index("flags")
+    for value, beyond in [(1.0, []), (0.0, []), (2.0, ["dense"]), (3.0, ["dense"])]:
+        table = _scale_state.table(optimizer).numpy()
+        table[flags, 1:] = value
+        _scale_state.assign(optimizer, table)
+        assert optimizer.telemetry(warn=False)["beyond_float16"] == beyond
+        measured = _scale_state.has_flag(table[flags], _scale_state.MEASURED)
+        assert float(measured[1]) == value % 2
+
+
 def test_building_under_mixed_bfloat16_warns_once_that_no_loss_scale_is_needed():
     keras.config.set_dtype_policy("mixed_bfloat16")
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())

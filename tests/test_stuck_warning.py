@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import keras_als
-from keras_als import _scale_state
+from keras_als import _scale_state, _telemetry
 
 BATCH = 8
 
@@ -67,6 +67,9 @@ def test_nan_in_the_data_makes_every_step_skip_and_warns_once_with_the_causes():
     assert "NaN or Inf in the input data" in message
     assert "learning rate" in message
     assert telemetry["warning"].startswith("keras_als: loss scaling looks stuck: the last 30")
+    # NaN data make the loss itself not finite: every skipped step is marked so.
+    assert telemetry["loss_not_finite"] == 30
+    assert "The loss itself was not finite on 20 of the last 20 steps" in message
     assert [log["scaling_stuck"] for log in logs[:19]] == [0.0] * 19
     assert logs[19]["scaling_stuck"] == 1.0 and logs[-1]["skipped_in_a_row"] == 30
 
@@ -130,3 +133,53 @@ def test_telemetry_without_warnings_reads_the_same_numbers_and_says_nothing():
 def test_counts_that_are_not_whole_numbers_of_at_least_one_are_refused(argument, value):
     with pytest.raises(ValueError, match=f"{argument} must be a whole number >= 1"):
         keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD(), **{argument: value})
+
+
+def test_the_stuck_warning_names_the_float32_tools_where_most_skipped_losses_were_not_finite():
+    numbers = {
+        "scale": {"loss": 2.0**15},
+        "last_overflow_step": {"loss": -1},
+        "skipped_in_a_row": 20,
+        "recent_skip_rate": 0.4,
+        "steps": 50,
+        "loss_not_finite": 10,
+    }
+    message = _telemetry.stuck(numbers, in_a_row_limit=20)
+    assert "The loss itself was not finite on 10 of the last 50 steps" in message
+    assert "keras_als.diagnose(model, x, y)" in message
+    assert "keras_als.Float32Fallback(x, y)" in message
+    # 9 of 20 skipped steps: most were skipped for their gradients.
+    numbers["loss_not_finite"] = 9
+    message = _telemetry.stuck(numbers, in_a_row_limit=20)
+    assert "The loss itself" not in message and "Float32Fallback" not in message
+    assert "The usual causes: NaN or Inf in the input data" in message
+
+
+@pytest.mark.slow
+def test_t5_whose_float16_loss_is_nan_is_said_to_have_a_loss_not_finite_and_the_fix_named():
+    """A tiny KerasHub T5 under mixed_float16 and plain `fit`, no callback:
+    its padding mask's -1e9 is -inf in float16, so the loss is NaN on every
+    step (float32 trains it). The stuck warning at the end of `fit` says the
+    loss itself was not finite and names `diagnose` and `Float32Fallback`."""
+    from benchmarks.harness import hub_tasks
+
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras_als.wrap_model(hub_tasks.t5_seq2seq_lm())
+        x, y = hub_tasks.seq2seq_batches(64)
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+        sparse = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(optimizer=optimizer, loss=sparse, jit_compile=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            losses = model.fit(x, y, batch_size=8, epochs=3, verbose=0).history["loss"]
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert np.isnan(losses).all()
+    telemetry = optimizer.telemetry(warn=False)
+    assert telemetry["skipped_steps"] == telemetry["loss_not_finite"] == 24
+    [stuck] = [str(w.message) for w in caught if "loss scaling looks stuck" in str(w.message)]
+    assert "The loss itself was not finite on 24 of the last 24 steps" in stuck
+    assert "keras_als.diagnose(model, x, y)" in stuck
+    assert "keras_als.Float32Fallback(x, y)" in stuck
