@@ -32,8 +32,9 @@ The plan, written down before the demo's first number (issue 83):
 - Part 2's model, settings and seed, chosen from the flat-regions study
   (`benchmarks/results/RESULTS.md`, "Vision transformers on images with flat
   regions"), which trained SegFormer, Swin and ViT so. Swin showed the gap
-  too, but needs 2,100 steps (about 4 minutes a method on 2 cores); ViT
-  showed none. SegFormer showed it on each of its 5 seeds within 300 steps
+  too, but needs 2,100 steps (about 20 ms a step: some 4 minutes for five
+  methods, beyond the demo's budget beside part 1); ViT showed none.
+  SegFormer showed it on each of its 5 seeds within 300 steps
   (float32's held-out loss 0.347, Keras's 0.40-0.77 with 21-23 steps
   skipped, keras_als 0.34 with 6-7, keras_als with `Float32Fallback` 0.34
   with none), so: SegFormer as the study built it (two stages, depths 1 and
@@ -53,7 +54,7 @@ The plan, written down before the demo's first number (issue 83):
   what it shows.
 
 Run: `bash scripts/demo.sh` (or `python examples/demo.py [--smoke] [--plot PATH]`).
-About 5 minutes on 2 CPU cores; `--smoke` runs a few steps of each part.
+About 7 minutes on 2 shared CPU cores; `--smoke` runs a few steps of each part.
 """
 
 from __future__ import annotations
@@ -396,7 +397,7 @@ def segformer_part(smoke):
     )
     print(
         f"{blocks * steps} steps in {blocks} block{'s' * (blocks > 1)}, batch {batch}, "
-        f"Adam 1e-3, seed {seed}; no XLA (SegFormer's float16 dropout gradient does not "
+        f"Adam 1e-3, seed {seed};\nno XLA (SegFormer's float16 dropout gradient does not "
         "compile under it)"
     )
     keras.utils.set_random_seed(seed)
