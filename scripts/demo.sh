@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: trains a CNN on real MNIST three ways and prints what each achieved.
+# The main job: trains a CNN on real MNIST, then a KerasHub SegFormer, under float32, Keras's
+# LossScaleOptimizer and keras_als, and prints what each achieved.
 # KERAS_ALS_PYTHON and KERAS_ALS_VENV choose the Python and the venv (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
