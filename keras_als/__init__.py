@@ -40,13 +40,13 @@ if _keras.config.backend() != "tensorflow":
     )
 
 from keras_als import _version, policies  # noqa: E402
-from keras_als.calibration import calibrate  # noqa: E402
-from keras_als.diagnosis import Diagnosis, diagnose  # noqa: E402
-from keras_als.fallback import Float32Fallback  # noqa: E402
+from keras_als.float32.calibration import calibrate  # noqa: E402
+from keras_als.float32.diagnosis import Diagnosis, diagnose  # noqa: E402
+from keras_als.float32.fallback import Float32Fallback  # noqa: E402
 from keras_als.instrument import unwrap_model, wrap_model  # noqa: E402
-from keras_als.monitor import ScaleMonitor  # noqa: E402
 from keras_als.optimizer import AdaptiveLossScaleOptimizer  # noqa: E402
-from keras_als.plots import plot_scales  # noqa: E402
+from keras_als.telemetry.monitor import ScaleMonitor  # noqa: E402
+from keras_als.telemetry.plots import plot_scales  # noqa: E402
 from keras_als.wrapper import AdaptiveScaled  # noqa: E402
 
 __all__ = [

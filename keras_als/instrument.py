@@ -29,8 +29,8 @@ import threading
 import keras
 import tensorflow as tf
 
-from keras_als import _layer_call
 from keras_als._keras_private import Functional, own_weights, producer, sublayers
+from keras_als.step import _layer_call
 from keras_als.wrapper import AdaptiveScaled
 
 _HOOK = "_keras_als_hook"

@@ -5,17 +5,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_als import (
-    _apply_phases,
-    _entries,
-    _mistakes,
-    _plan,
-    _scale_state,
-    _step_record,
-    _telemetry,
-    policies,
-)
+from keras_als import policies
 from keras_als._keras_private import no_automatic_dependency_tracking, trainable_variables_of
+from keras_als.step import _apply_phases, _entries, _plan, _scale_state, _step_record
+from keras_als.telemetry import _mistakes, _telemetry
 
 
 @keras.saving.register_keras_serializable(package="keras_als")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_als import _layer_call
 from keras_als._keras_private import converts_inputs, has_own_output_spec, set_converts_inputs
+from keras_als.step import _layer_call
 
 
 @keras.saving.register_keras_serializable(package="keras_als")

@@ -11,8 +11,9 @@ import numpy as np
 import tensorflow as tf
 from keras import layers
 
-from keras_als import _entries, _step_record, policies
+from keras_als import policies
 from keras_als._keras_private import own_weights
+from keras_als.step import _entries, _step_record
 
 
 def _rng():

@@ -158,7 +158,7 @@ def offenders(sources: dict[str, str], keras_names: set[str]) -> list[str]:
 
     Args:
         sources: the source of each module, by its path from the repository
-            (`keras_als/_forward_checks.py`); `keras_als/_keras_private.py`
+            (`keras_als/float32/_forward_checks.py`); `keras_als/_keras_private.py`
             is to be left out by the caller.
         keras_names: the private names real Keras/TensorFlow objects carry.
 

@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from keras_als import _step_record
+from keras_als.step import _step_record
 from tests.private_access import is_private
 
 PACKAGE = pathlib.Path(keras_als.__file__).parent
@@ -37,13 +37,19 @@ MUTABLE = (
 
 
 def _modules():
-    return [importlib.import_module(f"keras_als.{m.name}") for m in pkgutil.iter_modules([PACKAGE])]
+    """Every module of the package, its sub-packages' included."""
+    found = pkgutil.walk_packages([str(PACKAGE)], prefix="keras_als.")
+    return [importlib.import_module(m.name) for m in found]
 
 
 def _in_a_circle(graph: dict[str, set[str]]) -> list[str]:
     """The modules of `graph` (module: the names it imports) that reach themselves
     through the imports between its modules (other names are left out)."""
-    graph = {name: {i for i in imports if i in graph} for name, imports in graph.items()}
+    # A package naming itself (`from keras_als.policies import _policy_rules` in its
+    # __init__) imports its own modules: no circle.
+    graph = {
+        name: {i for i in imports if i in graph and i != name} for name, imports in graph.items()
+    }
 
     def reach(start):
         seen, todo = set(), list(graph[start])
@@ -55,6 +61,26 @@ def _in_a_circle(graph: dict[str, set[str]]) -> list[str]:
         return seen
 
     return sorted(name for name in graph if name in reach(name))
+
+
+CONCERNS = {
+    "step": "the traced training step: record, boundaries, plan, crossings, apply's phases",
+    "policies": "the scale policies, pure functions of (statistics, state)",
+    "float32": "the layers float16 cannot hold: diagnose, calibrate, Float32Fallback",
+    "telemetry": "what the optimizer says: telemetry, warnings, ScaleMonitor, plot_scales",
+}
+TOP_LEVEL = {"__init__", "_version", "_keras_private", "optimizer", "wrapper", "instrument"}
+"""The modules at the top: the public surface, the version, the one module of
+private Keras/TensorFlow APIs, and the three objects a user holds."""
+
+
+def test_the_folder_tree_names_the_four_concerns_and_nothing_else_lies_at_the_top():
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(CONCERNS)
+    assert {p.stem for p in PACKAGE.glob("*.py")} == TOP_LEVEL
+    for name in CONCERNS:
+        module = importlib.import_module(f"keras_als.{name}")
+        assert module.__doc__, f"keras_als.{name} says nothing"
 
 
 def test_no_modules_of_the_package_import_each_other_in_a_circle():
@@ -112,7 +138,7 @@ SCREENS = 80
 def test_every_function_of_the_package_fits_on_two_screens():
     long = [
         f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in sorted(PACKAGE.glob("*.py"))
+        for path in sorted(PACKAGE.rglob("*.py"))
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         and node.end_lineno - node.lineno + 1 > SCREENS
@@ -176,7 +202,7 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 
 def _is_module(dotted: str) -> bool:
-    """Whether `dotted` (`keras_als._scale_state`) names a module or package of the repository."""
+    """Whether `dotted` (`keras_als.step._plan`) names a module or package of the repository."""
     place = REPOSITORY.joinpath(*dotted.split("."))
     return place.with_suffix(".py").is_file() or (place / "__init__.py").is_file()
 
@@ -199,7 +225,7 @@ def _dotted(node: ast.AST) -> str | None:
 
 
 FIX = (
-    "move what is shared into a private module (keras_als/_*.py) under a name without the "
+    "move what is shared into a private module (keras_als/**/_*.py) under a name without the "
     "underscore, documented; or call the object's public method (the optimizer's)"
 )
 
@@ -208,8 +234,8 @@ def private_names_reached(source: str, path: str) -> list[str]:
     """`path:line` and the fix for each name private to another keras_als module
     that `source` (the file at `path`, from the repository) takes: `from
     keras_als.x import _name`, or `x._name` where `x` is a keras_als module the
-    file imports. A private module itself (`from keras_als import _plan`,
-    `keras_als._plan`) is the package's to import."""
+    file imports. A private module itself (`from keras_als.step import _plan`,
+    `keras_als.step._plan`) is the package's to import."""
     parts = pathlib.PurePosixPath(path).with_suffix("").parts
     package = ".".join(parts[:-1])  # of `x.py` and of `__init__.py` alike
     tree = ast.parse(source)
@@ -264,17 +290,37 @@ def test_no_module_of_the_package_takes_a_name_private_to_another():
 @pytest.mark.parametrize(
     ("source", "path", "reached"),
     [
-        ("from keras_als.diagnosis import _loss_of", "keras_als/calibration.py", 1),
-        ("from keras_als import diagnosis\ndiagnosis._state_kept(m)", "keras_als/fallback.py", 1),
-        ("from keras_als import _forward_checks as f\nf._helper()", "keras_als/diagnosis.py", 1),
-        ("import keras_als.diagnosis\nkeras_als.diagnosis._loss_of", "keras_als/x.py", 1),
-        ("import keras_als.diagnosis as d\nd._loss_of", "keras_als/x.py", 1),
-        ("from ..diagnosis import _loss_of", "keras_als/sub/x.py", 1),
-        ("from . import _telemetry\n_telemetry.read(o)", "keras_als/x.py", 0),
-        ("from . import _telemetry\n_telemetry._FLOOR", "keras_als/x.py", 1),
-        ("from keras_als import _telemetry\n_telemetry._FLOOR", "keras_als/fallback.py", 1),
-        ("from keras_als import _scale_state\n_scale_state.counter(o, 'x')", "keras_als/x.py", 0),
-        ("from keras_als._policy_terms import FLOAT16_MAX", "keras_als/x.py", 0),
+        ("from keras_als.float32.diagnosis import _loss_of", "keras_als/float32/calibration.py", 1),
+        (
+            "from keras_als.float32 import diagnosis\ndiagnosis._state_kept(m)",
+            "keras_als/float32/fallback.py",
+            1,
+        ),
+        (
+            "from keras_als.float32 import _forward_checks as f\nf._helper()",
+            "keras_als/float32/diagnosis.py",
+            1,
+        ),
+        (
+            "import keras_als.float32.diagnosis\nkeras_als.float32.diagnosis._loss_of",
+            "keras_als/x.py",
+            1,
+        ),
+        ("import keras_als.float32.diagnosis as d\nd._loss_of", "keras_als/x.py", 1),
+        ("from ..float32.diagnosis import _loss_of", "keras_als/step/x.py", 1),
+        ("from . import _telemetry\n_telemetry.read(o)", "keras_als/telemetry/x.py", 0),
+        ("from . import _telemetry\n_telemetry._FLOOR", "keras_als/telemetry/x.py", 1),
+        (
+            "from keras_als.telemetry import _telemetry\n_telemetry._FLOOR",
+            "keras_als/float32/fallback.py",
+            1,
+        ),
+        (
+            "from keras_als.step import _scale_state\n_scale_state.counter(o, 'x')",
+            "keras_als/x.py",
+            0,
+        ),
+        ("from keras_als.policies._policy_terms import FLOAT16_MAX", "keras_als/x.py", 0),
         ("import keras_als\nkeras_als._version.version()", "keras_als/x.py", 0),
         ("from keras_als import _version\nself._owner = 1", "keras_als/x.py", 0),
     ],
@@ -286,7 +332,7 @@ def test_the_private_name_check_finds_what_it_is_for(source, path, reached):
         assert finding.startswith(f"{path}:") and "private module" in finding
 
 
-@pytest.mark.parametrize("module", ["wrapper", "_boundary", "_plan", "_step_record"])
+@pytest.mark.parametrize("module", ["wrapper", "step/_boundary", "step/_plan", "step/_step_record"])
 def test_the_forward_side_does_not_import_the_optimizer(module):
     """The wrapper declares what it owns and the optimizer reads it, not back."""
     assert "keras_als.optimizer" not in _imports(PACKAGE / f"{module}.py")

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from keras_als import _boundary, _scale_state, _step_record
+from keras_als.step import _boundary, _scale_state, _step_record
 
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import keras_als
-from keras_als import _scale_state
+from keras_als.step import _scale_state
 from tests import models, tasks
 
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keras_als import _crossings, _statistics
+from keras_als.step import _crossings, _statistics
 
 
 def _branches(graph) -> int:

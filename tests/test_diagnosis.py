@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from keras_als import diagnosis
+from keras_als.float32 import diagnosis
 
 SPARSE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -245,7 +245,7 @@ def test_a_layer_that_adds_float16_to_a_named_layer_s_output_is_named_and_the_fi
     for its input's range, so its mask is float32 too; with the diagnosis
     applied the step traces and trains, and `Float32Fallback` does the same
     when `fit` begins."""
-    from keras_als import _forward_checks
+    from keras_als.float32 import _forward_checks
 
     model, x, y = _shifted_window_swin()
     qkv = "stage_0/blocks_1/attn/attention_qkv"

@@ -3,8 +3,8 @@
 A ```text block of the guide that starts with `UserWarning: keras_als:` or
 `keras_als.diagnose:` quotes a warning or a printed diagnosis. Each must be,
 line breaks aside, the message the code renders for the values the page
-shows: the test renders them here from `keras_als._mistakes`,
-`keras_als._telemetry` and `keras_als.diagnosis`, so a message reworded in
+shows: the test renders them here from `keras_als.telemetry._mistakes`,
+`keras_als.telemetry._telemetry` and `keras_als.float32.diagnosis`, so a message reworded in
 the code fails here until the page quotes it again.
 """
 
@@ -17,8 +17,8 @@ import warnings
 
 import pytest
 
-from keras_als import _mistakes, _telemetry
-from keras_als.diagnosis import Diagnosis, Finding
+from keras_als.float32.diagnosis import Diagnosis, Finding
+from keras_als.telemetry import _mistakes, _telemetry
 
 ROOT = pathlib.Path(__file__).parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

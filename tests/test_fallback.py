@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import keras_als
-from keras_als import _scale_state
-from keras_als import fallback as fallback_module
+from keras_als.float32 import fallback as fallback_module
+from keras_als.step import _scale_state
 from tests import tasks
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import keras_als
-from keras_als import _scale_state, _telemetry
+from keras_als.step import _scale_state
+from keras_als.telemetry import _telemetry
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +88,7 @@ def test_telemetry_leaves_layers_already_computing_in_float32_out_of_needs_float
 def test_the_needs_float32_warning_names_the_layers_and_the_fix_once_and_not_when_stuck():
     telemetry = _numbers({"loss": 1.0, "patch": 2.0**-24}, {"loss": 0, "patch": 12})
     telemetry |= {"underflow_rate": {"loss": 0.0, "patch": 1.0}, "needs_float32": ["patch"]}
-    from keras_als import _mistakes
+    from keras_als.telemetry import _mistakes
 
     stuck = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
     with warnings.catch_warnings(record=True) as caught:

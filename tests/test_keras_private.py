@@ -65,7 +65,7 @@ PLANTED = textwrap.dedent(
     import keras
     import tensorflow as tf
     from keras.src.backend import AutocastScope
-    from keras_als import _statistics
+    from keras_als.step import _statistics
 
     _HOOK = "_keras_als_hook"
 
@@ -92,7 +92,7 @@ def test_the_check_tells_keras_als_s_own_names_from_keras_s(keras_names):
     """Its own: `self._owner` (assigned), `self._declare` (a method), the
     `_HOOK` attribute, a keras_als module's `_vector`, a namedtuple's `_replace`.
     Keras's: what a Keras base class carries, even on `self` and even assigned."""
-    sources = {"keras_als/_statistics.py": "_LIMIT = 1\n", "keras_als/planted.py": PLANTED}
+    sources = {"keras_als/step/_statistics.py": "_LIMIT = 1\n", "keras_als/planted.py": PLANTED}
 
     def at(marker, code):
         """`code` reported on the one line of PLANTED that holds `marker`."""

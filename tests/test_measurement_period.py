@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from keras_als import _apply_phases, _scale_state, policies
+from keras_als import policies
+from keras_als.step import _apply_phases, _scale_state
 
 
 def _since_measured(optimizer) -> int:

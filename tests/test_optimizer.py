@@ -191,7 +191,7 @@ def test_the_step_record_keeps_no_dropped_optimizer_or_layer_alive():
 
     import tensorflow as tf
 
-    from keras_als import _step_record
+    from keras_als.step import _step_record
 
     def train_one_step():
         model = keras_als.wrap_model(models.sequential_mlp()[0])
@@ -218,7 +218,7 @@ def test_the_step_record_keeps_no_dropped_optimizer_or_layer_alive():
 
 
 def test_finiteness_is_checked_per_component_and_a_component_without_values_is_finite():
-    from keras_als import _apply_phases, _statistics
+    from keras_als.step import _apply_phases, _statistics
 
     inf, nan = float("inf"), float("nan")
     grads = [[tf.constant([1.0]), tf.constant([inf])], [], [tf.constant([65504.0])], []]
@@ -231,7 +231,7 @@ def test_finiteness_is_checked_per_component_and_a_component_without_values_is_f
 
 
 def test_amaxes_are_each_gradients_largest_magnitude_in_float32_with_nan_reading_as_inf():
-    from keras_als import _statistics
+    from keras_als.step import _statistics
 
     def amax(tensor):
         return _statistics.amaxes([tensor])[0]
@@ -258,7 +258,7 @@ def test_a_widened_float16_gradient_is_reduced_in_float32_to_its_largest_magnitu
     is reduced as the float32 tensor the update reads, not its float16 source
     (which XLA's CPU backend reduces more slowly); the value is the float16
     values' largest magnitude, NaN read as inf, traced and compiled."""
-    from keras_als import _statistics
+    from keras_als.step import _statistics
 
     reduced_in = []
 

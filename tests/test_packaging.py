@@ -201,7 +201,7 @@ def test_every_extra_the_scripts_and_documentation_install_exists():
         ROOT / ".ci" / "run",
         *sorted((ROOT / "docs").rglob("*.md")),
         *sorted((ROOT / "scripts").glob("*.sh")),
-        *sorted((ROOT / "keras_als").glob("*.py")),
+        *sorted((ROOT / "keras_als").rglob("*.py")),
     ]
     named = {
         (path.relative_to(ROOT).as_posix(), name)

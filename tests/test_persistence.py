@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from keras_als import _scale_state
+from keras_als.step import _scale_state
 from tests import models
 
 SCRIPT = pathlib.Path(__file__).parent / "persistence" / "killed_run.py"

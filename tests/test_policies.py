@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keras_als import _policy_rules, policies
-from keras_als.policies import ApproxRange, Fixed, MaxSafe, Statistics, next_scale
+from keras_als import policies
+from keras_als.policies import ApproxRange, Fixed, MaxSafe, Statistics, _policy_rules, next_scale
 
 
 def stats(amax, mean_square=None, overflow=None, downstream=(), names=()):

@@ -19,7 +19,8 @@ import tensorflow as tf
 import keras_als
 from benchmarks.profiles import wrap_sweep
 from benchmarks.real_models import architectures, programs, skips
-from keras_als import _scale_state, _step_record, policies
+from keras_als import policies
+from keras_als.step import _scale_state, _step_record
 from tests import in_place, models
 
 pytest.importorskip("keras_hub")

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import keras_als
-from keras_als import _scale_state, _telemetry
+from keras_als.step import _scale_state
+from keras_als.telemetry import _telemetry
 
 BATCH = 8
 

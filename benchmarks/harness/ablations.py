@@ -11,7 +11,7 @@ import contextlib
 
 
 class _NoReductions:
-    """Stands in for `keras_als._crossings.Crossings` and reduces nothing (ablation only:
+    """Stands in for `keras_als.step._crossings.Crossings` and reduces nothing (ablation only:
     scales are then chosen from weight gradients alone)."""
 
     def __init__(self, graph, measuring, count_zeros):
@@ -30,18 +30,18 @@ dynamic range for these models: no step overflows)."""
 
 
 def _not_rescaled(gradient, factor, divides):
-    """Stands in for `keras_als._boundary.rescale` where every factor is 1
+    """Stands in for `keras_als.step._boundary.rescale` where every factor is 1
     (all scales `ONE_SCALE`): the boundaries' rescaling, left out."""
     return gradient
 
 
 @contextlib.contextmanager
 def _replaced(module: str, attribute: str, make):
-    """Steps traced inside see `keras_als.<module>.<attribute>` replaced by
+    """Steps traced inside see `keras_als.step.<module>.<attribute>` replaced by
     `make(original)`; the original is put back on exit."""
     import importlib
 
-    where = importlib.import_module(f"keras_als.{module}")
+    where = importlib.import_module(f"keras_als.step.{module}")
     original = getattr(where, attribute)
     setattr(where, attribute, make(original))
     try:

@@ -5,7 +5,7 @@
 assigns 0, 4 or 16 small extra variables, and times calls of all three,
 interleaved in one process. It prints each one's median time per call and
 the cost per extra variable. Why keras_als keeps its optimizer state in few
-variables (`keras_als/_scale_state.py`): a variable costs the step a fixed
+variables (`keras_als/step/_scale_state.py`): a variable costs the step a fixed
 time, whatever its size, which on a model whose step takes a few
 milliseconds is a measurable share.
 """

@@ -49,7 +49,7 @@ def traced_as(variant: str) -> tuple[str, bool | None, contextlib.AbstractContex
 
 def _never_measure_again(optimizer) -> None:
     """Sets `optimizer`'s next measurement a million steps away."""
-    from keras_als import _scale_state
+    from keras_als.step import _scale_state
 
     masks = _scale_state.counter_masks(optimizer)
     values = {"steps_until_measuring": 10**6}

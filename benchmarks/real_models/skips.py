@@ -7,7 +7,7 @@ from typing import NamedTuple
 import keras_als
 from benchmarks.harness.scaling import prebuild, skipped
 from benchmarks.real_models.architectures import BATCH, batch, build, data
-from keras_als import _scale_state
+from keras_als.step import _scale_state
 
 
 class SkipRun(NamedTuple):

@@ -36,7 +36,8 @@ import tensorflow as tf
 from benchmarks.harness import ablations, isolation, provenance, scaling, stats, xla_step, zoo
 from benchmarks.suite import tables
 from benchmarks.suite.records import Timing
-from keras_als import _entries, policies
+from keras_als import policies
+from keras_als.step import _entries
 
 
 def deep_mlp(depth: int, width: int = 64, features: int = 32) -> Callable[[], keras.Model]:

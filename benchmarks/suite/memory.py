@@ -51,7 +51,7 @@ optimizer on the instrumented model (instrumentation only); and three other
 schedules of keras_als's crossing reductions: in one branch after backprop;
 every group's branch run as soon as the group is complete; no branch run
 before its results are read (keras_als makes a gradient that fills a group
-alone wait for its branch, `keras_als._crossings`)."""
+alone wait for its branch, `keras_als.step._crossings`)."""
 
 
 def measure(model: str, method: str, steps: int = 20, ablation: str = "") -> Memory:

@@ -9,7 +9,7 @@ def test_the_memory_and_step_time_ablations_leave_the_crossing_reductions_out_an
 
     from benchmarks.harness import ablations
     from benchmarks.suite import cost
-    from keras_als import _crossings
+    from keras_als.step import _crossings
 
     boundary = object()
 
@@ -46,7 +46,7 @@ def test_the_rescaling_ablation_hands_the_crossing_gradient_on_as_it_arrived_and
     import tensorflow as tf
 
     from benchmarks.harness import ablations
-    from keras_als import _boundary
+    from keras_als.step import _boundary
 
     owner = keras.layers.Dense(1)  # held weakly by the boundary
     arriving = [1.0, -6.0, 2.0**-20, 3.0]
@@ -75,7 +75,7 @@ def test_the_scheduling_ablations_reduce_the_same_values_at_other_points(monkeyp
 
     from benchmarks.harness import ablations
     from benchmarks.suite import cost
-    from keras_als import _crossings
+    from keras_als.step import _crossings
 
     monkeypatch.setattr(_crossings, "WAITING_BYTES", 1)
     boundary = object()
@@ -105,7 +105,7 @@ def test_only_a_gradient_that_fills_a_group_alone_waits_for_its_reductions(monke
     import tensorflow as tf
 
     from benchmarks.harness import ablations
-    from keras_als import _crossings
+    from keras_als.step import _crossings
 
     monkeypatch.setattr(_crossings, "WAITING_BYTES", 12)  # two 8-byte gradients fill a group
 
@@ -132,7 +132,7 @@ def test_gradients_that_wait_for_their_reductions_train_bit_identically(monkeypa
 
     import keras_als
     from benchmarks.harness import ablations
-    from keras_als import _crossings
+    from keras_als.step import _crossings
 
     monkeypatch.setattr(_crossings, "WAITING_BYTES", 1)
     x = np.random.default_rng(0).normal(size=(16, 8)).astype("float32")

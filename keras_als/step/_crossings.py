@@ -40,7 +40,7 @@ import math
 
 import tensorflow as tf
 
-from keras_als._statistics import amaxes, mean_square, subnormals, values_of, zeros
+from keras_als.step._statistics import amaxes, mean_square, subnormals, values_of, zeros
 
 WAITING_BYTES = 64 * 1024
 """Crossing gradients kept alive at most (plus the one that arrived last)."""

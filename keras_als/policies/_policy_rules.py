@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_als._policy_terms import FLOAT16_MAX, FLOAT16_TINY, Statistics
+from keras_als.policies._policy_terms import FLOAT16_MAX, FLOAT16_TINY, Statistics
 
 BLIND_GROWTH = 2.0**16  # growth of a scale whose gradients were all zero
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from keras_als._keras_private import trainable_variables_of
-from keras_als._layer_call import owner_of
+from keras_als.step._layer_call import owner_of
 
 
 def owners(variables: Sequence) -> list[tuple[object, int]]:
@@ -24,7 +24,7 @@ def owners(variables: Sequence) -> list[tuple[object, int]]:
     Example:
 
     >>> import keras, keras_als
-    >>> from keras_als import _entries
+    >>> from keras_als.step import _entries
     >>> head = keras.layers.Dense(1, name="head")
     >>> model = keras_als.wrap_model(keras.Sequential([keras.Input((2,)), head]))
     >>> [(owner.layer.name, entry) for owner, entry in _entries.owners(model.trainable_variables)]
@@ -47,7 +47,7 @@ def names(paths: Sequence[str]) -> list[str]:
 
     Example:
 
-    >>> from keras_als._entries import names
+    >>> from keras_als.step._entries import names
     >>> names(["model/dense", "block_0/attention/query", "block_1/attention/query", "dense"])
     ['model/dense', 'block_0/attention/query', 'block_1/attention/query', 'dense']
     >>> names(["head", "head"])

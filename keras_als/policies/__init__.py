@@ -46,16 +46,16 @@ import types
 import numpy as np  # noqa: F401 (the docstring examples, which run here, use it)
 import tensorflow as tf
 
-from keras_als import _overflows, _policy_rules, _policy_terms
-from keras_als._overflows import (
+from keras_als.policies import _overflows, _policy_rules, _policy_terms
+from keras_als.policies._overflows import (
     Headroom,
     after_overflow,
     back_off,
     headroom_at,
     overflow_origins,
 )
-from keras_als._policy_rules import ApproxRange, Fixed, MaxSafe
-from keras_als._policy_terms import Statistics, power_of_two_floor
+from keras_als.policies._policy_rules import ApproxRange, Fixed, MaxSafe
+from keras_als.policies._policy_terms import Statistics, power_of_two_floor
 
 __all__ = [
     "BACKOFF",

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from keras_als._policy_terms import power_of_two_floor
+from keras_als.policies._policy_terms import power_of_two_floor
 
 BACKOFF = 2.0**-4  # factor applied to the scale of every component an overflow reached
 HEADROOM_STEP = 4.0  # binades of headroom a measured scale gains per overflow

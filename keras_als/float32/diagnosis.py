@@ -32,10 +32,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_als import _forward_checks as forward
-from keras_als import _mistakes, instrument
+from keras_als import instrument
 from keras_als._keras_private import own_weights
-from keras_als._policy_terms import FLOAT16_MAX, FLOAT16_TINY
+from keras_als.float32 import _forward_checks as forward
+from keras_als.policies._policy_terms import FLOAT16_MAX, FLOAT16_TINY
+from keras_als.telemetry import _mistakes
 
 UNDERFLOW_LIMIT = 0.01
 """Share of a layer's non-zero gradients that may flush to zero at the largest
@@ -105,7 +106,7 @@ class Diagnosis:
     Example:
 
     >>> import keras, keras_als
-    >>> found = keras_als.Diagnosis((keras_als.diagnosis.Finding("dense", "forward"),))
+    >>> found = keras_als.Diagnosis((keras_als.float32.diagnosis.Finding("dense", "forward"),))
     >>> found.layers
     ['dense']
     >>> print(found)  # doctest: +ELLIPSIS

@@ -16,8 +16,8 @@ import contextlib
 
 import tensorflow as tf
 
-from keras_als import _step_record
 from keras_als._keras_private import no_autocast
+from keras_als.step import _step_record
 
 _READS = frozenset({"ReadVariableOp", "ResourceGather", "VariableShape"})
 """Operations on a variable's handle that do not write it."""

@@ -23,7 +23,7 @@ import re
 import tensorflow as tf
 
 from keras_als._keras_private import all_layers
-from keras_als._policy_terms import FLOAT16_MAX
+from keras_als.policies._policy_terms import FLOAT16_MAX
 
 
 @contextlib.contextmanager

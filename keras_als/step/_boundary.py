@@ -37,7 +37,7 @@ import weakref
 
 import tensorflow as tf
 
-from keras_als import _step_record
+from keras_als.step import _step_record
 
 
 class Boundary:

@@ -20,9 +20,10 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from keras_als import _apply_phases, _mistakes, _step_record
-from keras_als._forward_checks import loss_of, policies_kept, state_kept, to_float32
+from keras_als.float32._forward_checks import loss_of, policies_kept, state_kept, to_float32
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
+from keras_als.step import _apply_phases, _step_record
+from keras_als.telemetry import _mistakes
 
 
 def calibrate(

@@ -30,7 +30,9 @@ import warnings
 import keras
 import tensorflow as tf
 
-from keras_als import _step_record, _telemetry, policies
+from keras_als import policies
+from keras_als.step import _step_record
+from keras_als.telemetry import _telemetry
 
 
 def warn_once(optimizer, kind: str, message: str, stacklevel: int = 3) -> None:

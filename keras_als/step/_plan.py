@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from keras_als import _boundary, _crossings
+from keras_als.step import _boundary, _crossings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_als import _statistics, policies
+from keras_als import policies
+from keras_als.step import _statistics
 
 SKIP_WINDOW = 100
 """Steps over which `telemetry()["recent_skip_rate"]` is taken."""

@@ -27,8 +27,8 @@ import weakref
 import keras
 import tensorflow as tf
 
-from keras_als import _boundary, _forward_state
 from keras_als._keras_private import get_keras_mask, set_keras_mask
+from keras_als.step import _boundary, _forward_state
 
 _OWNER = "_keras_als_owner"
 """Attribute by which an owner declares, on each weight it scales, that it owns it."""
@@ -40,7 +40,7 @@ def owner_of(variable):
     Example:
 
     >>> import keras, keras_als
-    >>> from keras_als._layer_call import owner_of
+    >>> from keras_als.step._layer_call import owner_of
     >>> wrapped = keras_als.AdaptiveScaled(keras.layers.Dense(2))
     >>> _ = wrapped(keras.ops.ones((1, 3)))
     >>> owner_of(wrapped.layer.kernel) is wrapped

@@ -32,9 +32,10 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from keras_als import _forward_state, _scale_state, _skip, _statistics, policies
+from keras_als import policies
 from keras_als._keras_private import overwrites_with_gradient
-from keras_als._layer_call import owner_of
+from keras_als.step import _forward_state, _scale_state, _skip, _statistics
+from keras_als.step._layer_call import owner_of
 
 PLANNED_GROWTH = 3.0
 """Binades of gradient growth, at the rate last measured, that a measuring

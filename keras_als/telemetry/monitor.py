@@ -5,8 +5,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_als import _mistakes
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
+from keras_als.telemetry import _mistakes
 
 
 class ScaleMonitor(keras.callbacks.Callback):

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 
 import keras
 
-from keras_als import _entries, _scale_state, policies
-from keras_als._scale_state import SKIP_WINDOW
-from keras_als._skip import SKIPPED_LOSS_NOT_FINITE
+from keras_als import policies
+from keras_als.step import _entries, _scale_state
+from keras_als.step._scale_state import SKIP_WINDOW
+from keras_als.step._skip import SKIPPED_LOSS_NOT_FINITE
 
 STUCK_SHARE = 0.25
 """Share of the last `SKIP_WINDOW` steps skipped above which the scaling is reported stuck."""

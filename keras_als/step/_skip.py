@@ -16,8 +16,8 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from keras_als import _scale_state
 from keras_als._keras_private import strategy_supports_no_merge_call
+from keras_als.step import _scale_state
 
 SKIPPED = 1.0
 """The recent skips window's entry for a step skipped for its gradients (0: applied)."""

@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 import keras
 
-from keras_als import _mistakes
-from keras_als.calibration import calibrate
-from keras_als.diagnosis import Diagnosis, diagnose
+from keras_als.float32.calibration import calibrate
+from keras_als.float32.diagnosis import Diagnosis, diagnose
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
+from keras_als.telemetry import _mistakes
 
 
 class Float32Fallback(keras.callbacks.Callback):
