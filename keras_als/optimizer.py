@@ -154,8 +154,12 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not tf.inside_function() or not hasattr(loss, "graph"):
             _mistakes.warn_eager(self)
             return super().scale_loss(loss)
-        measuring = None
-        if self.built and self.measure_every_n_steps > 1:
+        measuring = None  # every step measures
+        if (
+            self.built
+            and self.measure_every_n_steps > 1
+            and not _step_record.read(loss.graph).measures
+        ):
             measuring = tf.equal(_scale_state.counter(self, "steps_until_measuring"), 0)
         owners = _entries.scaled(self)
         plan = _plan.make_plan(

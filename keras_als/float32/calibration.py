@@ -90,18 +90,14 @@ def calibrate(
 
     @tf.function
     def measure(x, y):
+        _step_record.measure_this_step()
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             scaled = optimizer.scale_loss(loss_of(model, x, y, y_pred, loss))
         grads = tape.gradient(scaled, variables)
         _apply_phases.measure_only(optimizer, _step_record.plan_now(optimizer), grads, variables)
 
-    period = optimizer.measure_every_n_steps
     with state_kept(model), policies_kept(model):
         to_float32([model])
-        optimizer.measure_every_n_steps = 1  # read when traced: this step measures
-        try:
-            measure(x, y)
-        finally:
-            optimizer.measure_every_n_steps = period
+        measure(x, y)
     return optimizer.layer_scales()

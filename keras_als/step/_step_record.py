@@ -41,11 +41,14 @@ class StepRecord(NamedTuple):
             skips the step.
         plans: `(weak reference to an optimizer, its _plan.Plan)`, one per
             optimizer whose `scale_loss` ran in this step.
+        measures: Whether the step measures whatever the optimizer's period
+            (`measure_this_step`: `keras_als.calibrate`'s pass).
     """
 
     boundaries: tuple = ()
     snapshots: tuple = ()
     plans: tuple = ()
+    measures: bool = False
 
     def plan_for(self, optimizer):
         """The plan `optimizer.scale_loss` made in this step, or None."""
@@ -105,6 +108,12 @@ def add_plan(optimizer, plan) -> None:
     record = read(plan.graph)
     others = tuple((r, p) for r, p in record.plans if r() is not optimizer and r() is not None)
     _write(record._replace(plans=others + ((weakref.ref(optimizer), plan),)), plan.graph)
+
+
+def measure_this_step() -> None:
+    """Makes the step traced now measure its gradients, whatever the period of
+    the optimizer whose `scale_loss` it calls next (`keras_als.calibrate`)."""
+    _write(read()._replace(measures=True))
 
 
 def take_snapshots() -> tuple:
