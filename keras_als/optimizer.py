@@ -154,17 +154,14 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not tf.inside_function() or not hasattr(loss, "graph"):
             _mistakes.warn_eager(self)
             return super().scale_loss(loss)
+        record = _step_record.read(loss.graph)
         measuring = None  # every step measures
-        if (
-            self.built
-            and self.measure_every_n_steps > 1
-            and not _step_record.read(loss.graph).measures
-        ):
+        if self.built and self.measure_every_n_steps > 1 and not record.measures:
             measuring = tf.equal(_scale_state.counter(self, "steps_until_measuring"), 0)
         owners = _entries.scaled(self)
         plan = _plan.make_plan(
             loss,
-            _step_record.read(loss.graph).boundaries,
+            record.boundaries,
             trainable_variables_of(self) if self.built else [],
             owners,
             _scale_state.vector(self),
