@@ -80,3 +80,30 @@ def test_every_page_gives_the_first_step_range_the_cost_study_measured(page):
         f"{page} should give the first step's cost as the cost study measured it, "
         f"{low} to {high} (benchmarks/results/cost_at_size.json)"
     )
+
+
+NUMBER = r"(?<![\w.^*])\d[\d,]*(?:\.\d+)?(?:e[-+]\d+)?"
+
+
+def _unprinted(section: str, results: str) -> list[str]:
+    """The numbers of `section` that no number of `results` gives to their precision
+    (`0.160` is `-0.1596`'s magnitude; `42.8%` is 0.428 or 42.8)."""
+    printed = [float(n.replace(",", "")) for n in re.findall(NUMBER, results)]
+
+    def found(text: str) -> bool:
+        value = float(text.replace(",", ""))
+        half = 0.5 * 10 ** -(len(text.split(".")[1]) if "." in text else 0) + 1e-9
+        return any(abs(p - value) <= half or abs(100 * p - value) <= half for p in printed)
+
+    return [n for n in re.findall(NUMBER, section) if not found(n)]
+
+
+def test_every_number_of_the_readme_results_is_one_results_md_prints():
+    section = README.read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
+    results = (README.parent / "benchmarks" / "results" / "RESULTS.md").read_text()
+    assert _unprinted(section, results) == [], "README numbers RESULTS.md does not print"
+
+
+def test_the_results_check_names_a_number_results_md_does_not_print():
+    assert _unprinted("a paired 0.160 ± 0.063 and 42.8%", "-0.1596 ± 0.0625, 0.428") == []
+    assert _unprinted("a paired 0.160 ± 0.064", "-0.1596 ± 0.0625") == ["0.064"]

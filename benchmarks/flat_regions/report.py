@@ -52,7 +52,7 @@ def _against(ours: dict, reference: dict, seeds: list[int]) -> str:
 
 
 def comparisons(rows: list[dict], model: str) -> list[str]:
-    """Each keras_als method against float32 (held-out loss) and Keras (skips), by seed."""
+    """Each keras_als method against float32 and Keras (held-out loss, skips), by seed."""
     lines = []
     reference = {r["seed"]: r for r in _of(rows, model, FLOAT32)}
     keras = {r["seed"]: r for r in _of(rows, model, KERAS)}
@@ -64,6 +64,7 @@ def comparisons(rows: list[dict], model: str) -> list[str]:
         more = [s for s in sorted(ours) if s in keras and ours[s]["skipped"] > keras[s]["skipped"]]
         lines.append(
             f"- {name}: held-out loss minus float32's {_against(ours, reference, list(ours))}"
+            + f", minus Keras's {_against(ours, keras, [s for s in ours if s in keras])}"
             + (
                 f" (the first plan's seeds {early[0]}-{early[-1]} alone: "
                 f"{_against(ours, reference, early)})"
