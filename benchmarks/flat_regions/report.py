@@ -62,15 +62,16 @@ def comparisons(rows: list[dict], model: str) -> list[str]:
             continue
         early = sorted(s for s in ours if s in plan.SEEDS)
         more = [s for s in sorted(ours) if s in keras and ours[s]["skipped"] > keras[s]["skipped"]]
+        paired = [s for s in ours if s in keras]
         lines.append(
             f"- {name}: held-out loss minus float32's {_against(ours, reference, list(ours))}"
-            + f", minus Keras's {_against(ours, keras, [s for s in ours if s in keras])}"
             + (
                 f" (the first plan's seeds {early[0]}-{early[-1]} alone: "
                 f"{_against(ours, reference, early)})"
                 if 0 < len(early) < len(ours)
                 else ""
             )
+            + (f", minus Keras's {_against(ours, keras, paired)}" if paired else "")
             + f"; skips more than Keras's on seeds: {more or 'none'}."
         )
     diagnosed = _of(rows, model, plan.DIAGNOSED.name)
