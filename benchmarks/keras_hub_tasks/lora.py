@@ -1,4 +1,4 @@
-"""LoRA fine-tuning of a tiny Gemma causal LM on English text, under mixed_float16.
+"""LoRA fine-tuning of a tiny Gemma causal LM on the standard library's docstrings.
 
 The plan (fixed before the first number): per seed, `hub_tasks.gemma_causal_lm()`
 is pretrained in float32 (`PRETRAIN_STEPS` steps of `PRETRAIN_BATCH` byte
