@@ -74,21 +74,27 @@ def test_training_gives_the_weights_of_training_without_scaling(shape, inner):
 
 
 @pytest.mark.parametrize(
-    ("shape", "measure_every_n_steps"),
-    [(shape, 1) for shape in sorted(models.ALL_SHAPES)]
-    + [("residual_cnn", 16), ("transformer_block", 16)],
+    ("shape", "measure_every_n_steps", "inner"),
+    [(shape, 1, inner) for shape in sorted(models.ALL_SHAPES) for inner in ("sgd", "adam")]
+    + [("residual_cnn", 16, "adam"), ("transformer_block", 16, "adam")],
 )
-def test_max_safe_scales_leave_the_weights_unchanged_under_xla(shape, measure_every_n_steps):
+def test_layer_wise_scales_leave_the_weights_unchanged_under_xla(
+    shape, measure_every_n_steps, inner
+):
+    """Adam under `MaxSafe`'s own scales; SGD under fixed scales that differ per
+    layer, since with SGD `MaxSafe` can give some shapes one scale everywhere
+    (the sequential MLP's, 2**13), which would check nothing layer-wise."""
     model, x, y = models.ALL_SHAPES[shape]()
     # The plain reference trains in a TensorFlow graph: XLA's rounding and the
     # graph's differ by about 2e-6 here (the Transformer block's), within the
     # bound, and the graph spares a compile of the step (7 s of the 28 s).
-    reference = _train(models.copy_of(model), _inner("adam"), x, y)
+    reference = _train(models.copy_of(model), _inner(inner), x, y)
     unscaled = keras_als.wrap_model(models.copy_of(model))
 
     wrapped = keras_als.wrap_model(model)
+    policy = "max_safe" if inner == "adam" else models.per_layer_fixed(wrapped)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
-        _inner("adam"), policy="max_safe", measure_every_n_steps=measure_every_n_steps
+        _inner(inner), policy=policy, measure_every_n_steps=measure_every_n_steps
     )
     actual = _train(wrapped, optimizer, x, y, jit_compile=True)
 
@@ -97,7 +103,7 @@ def test_max_safe_scales_leave_the_weights_unchanged_under_xla(shape, measure_ev
     assert_same_weights(actual, reference)
 
     ones = keras_als.AdaptiveLossScaleOptimizer(
-        _inner("adam"),
+        _inner(inner),
         policy=policies.Fixed(default=1.0),
         measure_every_n_steps=measure_every_n_steps,
     )
