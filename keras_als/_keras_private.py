@@ -144,8 +144,9 @@ def all_layers(layer, *, include_self: bool) -> list:
 def trainable_variables_of(optimizer) -> list:
     """The variables `optimizer` was built for, in the order `build` was given them.
 
-    The optimizer finds the layers that own a scale among them, and applies
-    to them when `apply` is given no variables, as Keras's `apply` does.
+    The optimizer applies to them when `apply` is given no variables, as
+    Keras's `apply` does (its `_state.ScaleState` keeps the same list, the
+    variables its columns are for).
     """
     return optimizer._trainable_variables
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from keras_als import policies
 from keras_als._keras_private import no_automatic_dependency_tracking, trainable_variables_of
-from keras_als.step import _apply_phases, _entries, _plan, _scale_state, _step_record
+from keras_als.step import _apply_phases, _entries, _plan, _state, _step_record
 from keras_als.telemetry import _mistakes, _telemetry
 
 
@@ -85,6 +85,12 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     ['hidden', 'loss', 'out']
     """
 
+    # Fields of `scaling`, the `_state.ScaleState` given to the step (all it reads and writes).
+    policy = _state.Setting()
+    measure_every_n_steps = _state.Setting()
+    warn_after_skipped_steps = _state.Setting()
+    estimate_underflow = _state.Setting()
+
     def __init__(
         self,
         inner_optimizer: keras.optimizers.Optimizer,
@@ -104,34 +110,33 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         initial_scale = _mistakes.power_of_two_at_most(initial_scale)
         _mistakes.count("measure_every_n_steps", measure_every_n_steps, " (1 measures every step)")
         _mistakes.count("warn_after_skipped_steps", warn_after_skipped_steps)
-        super().__init__(
+        super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps, name, **kwargs)
+        self.scaling = _state.ScaleState(
             inner_optimizer,
-            initial_scale=initial_scale,
-            dynamic_growth_steps=dynamic_growth_steps,
-            name=name,
-            **kwargs,
+            initial_scale,
+            policy=resolved,
+            measure_every_n_steps=measure_every_n_steps,
+            warn_after_skipped_steps=warn_after_skipped_steps,
+            estimate_underflow=bool(estimate_underflow),
         )
-        self.policy = resolved
-        self.measure_every_n_steps = measure_every_n_steps
-        self.warn_after_skipped_steps = warn_after_skipped_steps
-        self.estimate_underflow = bool(estimate_underflow)
 
     @no_automatic_dependency_tracking
     def build(self, var_list):
         _mistakes.warn_bfloat16(self)
-        _scale_state.make_variables(self, len(var_list))
+        made = self.scaling.build(self.add_variable, var_list)
+        self.scale_state, self.step_counter, self.dynamic_scale = made  # checkpoints' names
         self.inner_optimizer.build(var_list)
         keras.optimizers.Optimizer.build(self, var_list)
 
     @property
     def skipped_steps(self) -> tf.Tensor:
         """Steps skipped so far (`iterations` counts the applied ones); after `build`."""
-        return _scale_state.counter(self, "skipped_steps")
+        return self.scaling.skipped_steps
 
     def skipped_step_count(self) -> int:
         """`skipped_steps` as a Python int, in one variable read (0 before
         `build`): cheap enough for a callback to read before every batch."""
-        return _scale_state.counter_value(self, "skipped_steps")
+        return self.scaling.counter_value("skipped_steps")
 
     def layer_scales(self) -> dict[str, float]:
         """The current scales: `"loss"` and one per wrapped layer, by layer name.
@@ -142,7 +147,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         >>> keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD()).layer_scales()
         {'loss': 32768.0}
         """
-        return _telemetry.layer_scales(self)
+        return _telemetry.layer_scales(self.scaling)
 
     @tf.autograph.experimental.do_not_convert
     def scale_loss(self, loss):
@@ -155,21 +160,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             _mistakes.warn_eager(self)
             return super().scale_loss(loss)
         record = _step_record.read(loss.graph)
-        measuring = None  # every step measures
-        if self.built and self.measure_every_n_steps > 1 and not record.measures:
-            measuring = tf.equal(_scale_state.counter(self, "steps_until_measuring"), 0)
-        owners = _entries.scaled(self)
-        plan = _plan.make_plan(
-            loss,
-            record.boundaries,
-            trainable_variables_of(self) if self.built else [],
-            owners,
-            _scale_state.vector(self),
-            self.built,
-            measuring,
-            count_zeros=bool(self.estimate_underflow),
-        )
-        if self.built and not plan.boundaries() and not owners:
+        plan = _plan.plan_for(self.scaling, loss, record.boundaries, record.measures)
+        if self.built and not plan.boundaries() and not _entries.scaled(self.scaling):
             _mistakes.warn_no_boundaries(self)
         _plan.connect(plan)
         _step_record.add_plan(self, plan)
@@ -206,7 +198,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         array([1., 2.], dtype=float32)
         """
         plan = _step_record.plan_now(self)
-        return _apply_phases.unscale_each(self, plan, grads, trainable_variables)
+        return _apply_phases.unscale_each(self.scaling, plan, grads, trainable_variables)
 
     @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
@@ -225,7 +217,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             _mistakes.build_inside_step(self, trainable_variables)
         if trainable_variables is None:
             trainable_variables = trainable_variables_of(self)
-        _apply_phases.run(self, plan, list(grads), list(trainable_variables))
+        _apply_phases.run(self.scaling, plan, list(grads), list(trainable_variables))
 
     def telemetry(self, warn: bool = True) -> dict:
         """Per-layer numbers for monitoring, as plain Python values.
@@ -275,7 +267,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         >>> telemetry["scale"], telemetry["overflows"], telemetry["skipped_steps"]
         ({'loss': 32768.0}, {'loss': 0}, 0)
         """
-        telemetry = _telemetry.read(self)
+        telemetry = _telemetry.read(self.scaling)
         if warn:
             _mistakes.warn_from_telemetry(self, telemetry)
         return telemetry
@@ -285,7 +277,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         # cannot train, are said there, whether a ScaleMonitor reads the telemetry or not.
         super().finalize_variable_values(var_list)
         if self.built:
-            _mistakes.warn_from_telemetry(self, _telemetry.read(self), stacklevel=4)
+            _mistakes.warn_from_telemetry(self, _telemetry.read(self.scaling), stacklevel=4)
 
     def summary(self, print_fn=print) -> None:
         """Prints one line per scale: its name, value, headroom and overflows.

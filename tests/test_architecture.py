@@ -173,7 +173,7 @@ def _optimizer_class() -> tuple[pathlib.Path, ast.ClassDef]:
 
 def test_the_optimizer_class_code_fits_on_two_screens():
     """Its docstrings (the public API's documentation) aside: the phases of a
-    step, the state and its updates live in `_apply_phases` and `_scale_state`."""
+    step, the state and its updates live in `_apply_phases`, `_state` and `_scale_state`."""
     path, optimizer = _optimizer_class()
     assert _code_lines(path, optimizer) <= 2 * SCREENS
 

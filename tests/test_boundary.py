@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from keras_als.step import _boundary, _scale_state, _step_record
+from keras_als.step import _boundary, _state, _step_record
 
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan]
 
@@ -82,11 +82,9 @@ def test_the_plan_computes_every_boundarys_factor_in_one_vector_division():
     )
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
     optimizer.build(model.trainable_variables)
-    table = _scale_state.table(optimizer).numpy()
-    table[_scale_state.PER_SCALE.index("scale")] = [
-        2.0 ** (3 + 5 * i) for i in range(table.shape[1])
-    ]
-    _scale_state.assign(optimizer, table)
+    table = optimizer.scaling.table().numpy()
+    table[_state.PER_SCALE.index("scale")] = [2.0 ** (3 + 5 * i) for i in range(table.shape[1])]
+    optimizer.scaling.assign(table)
     seen = []
 
     @tf.function

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import keras_als
-from keras_als.step import _scale_state
 from tests import models, tasks
 
 
@@ -81,13 +80,13 @@ def test_it_changes_no_weight_slot_counter_moving_statistic_seed_or_metric():
     kept = [v for v in kept if v is not optimizer.dynamic_scale]
     assert any("seed_generator" in v.path for v in kept)
     before = [np.array(v.value) for v in kept]
-    counters = np.array(_scale_state.counters(optimizer))
+    counters = np.array(optimizer.scaling.counters())
     policies = [(layer, layer.dtype_policy.name) for layer in model._flatten_layers()]
     keras_als.calibrate(model, x[:16], y[:16])
     assert all(layer.dtype_policy.name == name for layer, name in policies)
     for variable, value in zip(kept, before, strict=True):
         np.testing.assert_array_equal(np.array(variable.value), value, err_msg=variable.path)
-    np.testing.assert_array_equal(np.array(_scale_state.counters(optimizer)), counters)
+    np.testing.assert_array_equal(np.array(optimizer.scaling.counters()), counters)
 
 
 @pytest.mark.parametrize("shape", ["residual_cnn", "transformer_block"])

@@ -12,7 +12,6 @@ import pytest
 
 import keras_als
 from keras_als.float32 import fallback as fallback_module
-from keras_als.step import _scale_state
 from tests import tasks
 
 
@@ -82,7 +81,7 @@ def test_it_reads_the_skip_counter_before_each_batch_and_leaves_fit_s_async_logs
     assert optimizer.skipped_step_count() == 0  # before build
     model.fit(x[:12], y[:12], batch_size=4, verbose=0)  # every step overflows
     assert optimizer.skipped_step_count() == 3
-    assert _scale_state.counter_value(optimizer, "skipped_in_a_row") == 3
+    assert optimizer.scaling.counter_value("skipped_in_a_row") == 3
     assert int(optimizer.skipped_steps.numpy()) == 3
 
 

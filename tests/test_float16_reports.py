@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import keras_als
-from keras_als.step import _scale_state
+from keras_als.step import _scale_state, _state
 from keras_als.telemetry import _telemetry
 
 
@@ -74,10 +74,10 @@ def test_telemetry_leaves_layers_already_computing_in_float32_out_of_needs_float
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
     optimizer.build(model.trainable_variables)
     # Both layers' state as a layer float16 cannot hold: overflows at 2**-24, all underflowing.
-    table = _scale_state.table(optimizer).numpy()
+    table = optimizer.scaling.table().numpy()
     for name, value in [("scale", 2.0**-24), ("overflow_counts", 12), ("underflow_rates", 1.0)]:
-        table[_scale_state.PER_SCALE.index(name), 1:] = value
-    _scale_state.assign(optimizer, table)
+        table[_state.PER_SCALE.index(name), 1:] = value
+    optimizer.scaling.assign(table)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the needs-float32 warning: tested above
         telemetry = optimizer.telemetry()
@@ -152,11 +152,11 @@ def test_the_flags_row_reads_older_checkpoints_which_held_the_measured_flag_alon
     layer = keras.layers.Dense(1, name="dense")
     model = keras_als.wrap_model(keras.Sequential([keras.Input((2,)), layer]))
     optimizer.build(model.trainable_variables)
-    flags = _scale_state.PER_SCALE.index("flags")
+    flags = _state.PER_SCALE.index("flags")
     for value, beyond in [(1.0, []), (0.0, []), (2.0, ["dense"]), (3.0, ["dense"])]:
-        table = _scale_state.table(optimizer).numpy()
+        table = optimizer.scaling.table().numpy()
         table[flags, 1:] = value
-        _scale_state.assign(optimizer, table)
+        optimizer.scaling.assign(table)
         assert optimizer.telemetry(warn=False)["beyond_float16"] == beyond
         measured = _scale_state.has_flag(table[flags], _scale_state.MEASURED)
         assert float(measured[1]) == value % 2

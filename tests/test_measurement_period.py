@@ -14,15 +14,15 @@ import tensorflow as tf
 
 import keras_als
 from keras_als import policies
-from keras_als.step import _apply_phases, _scale_state
+from keras_als.step import _apply_phases
 
 
 def _since_measured(optimizer) -> int:
-    return int(_scale_state.counter(optimizer, "steps_since_measured").numpy())
+    return int(optimizer.scaling.counter("steps_since_measured").numpy())
 
 
 def _until_measuring(optimizer) -> int:
-    return int(_scale_state.counter(optimizer, "steps_until_measuring").numpy())
+    return int(optimizer.scaling.counter("steps_until_measuring").numpy())
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
-from keras_als.step import _scale_state
+from keras_als.step import _state
 from tests import models
 
 SCRIPT = pathlib.Path(__file__).parent / "persistence" / "killed_run.py"
@@ -71,13 +71,11 @@ def _trained(policy="max_safe"):
 
 def test_tf_checkpoint_restores_every_scale_and_the_skip_count(tmp_path):
     model, optimizer = _trained()
-    table = _scale_state.table(optimizer).numpy()
-    table[_scale_state.PER_SCALE.index("scale")] = [
-        2.0 ** (3 + 5 * i) for i in range(table.shape[1])
-    ]
-    counters = _scale_state.counters(optimizer).numpy()
-    counters[_scale_state.COUNTERS.index("skipped_steps")] = 4
-    _scale_state.assign(optimizer, table, counters)
+    table = optimizer.scaling.table().numpy()
+    table[_state.PER_SCALE.index("scale")] = [2.0 ** (3 + 5 * i) for i in range(table.shape[1])]
+    counters = optimizer.scaling.counters().numpy()
+    counters[_state.COUNTERS.index("skipped_steps")] = 4
+    optimizer.scaling.assign(table, counters)
     optimizer.dynamic_scale.assign(2.0**-7)
     saved = optimizer.layer_scales()
     path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(str(tmp_path / "ckpt"))
@@ -91,11 +89,9 @@ def test_tf_checkpoint_restores_every_scale_and_the_skip_count(tmp_path):
 
 def test_keras_file_restores_scales_and_the_next_step_is_the_same(tmp_path):
     model, optimizer = _trained()
-    table = _scale_state.table(optimizer).numpy()
-    table[_scale_state.PER_SCALE.index("scale")] = [
-        2.0 ** (2 + 3 * i) for i in range(table.shape[1])
-    ]
-    _scale_state.assign(optimizer, table)
+    table = optimizer.scaling.table().numpy()
+    table[_state.PER_SCALE.index("scale")] = [2.0 ** (2 + 3 * i) for i in range(table.shape[1])]
+    optimizer.scaling.assign(table)
     model.save(tmp_path / "m.keras")
     loaded = keras_als.wrap_model(keras.models.load_model(tmp_path / "m.keras"))
     assert loaded.optimizer.layer_scales() == optimizer.layer_scales()

@@ -20,7 +20,7 @@ import keras_als
 from benchmarks.profiles import wrap_sweep
 from benchmarks.real_models import architectures, programs, skips
 from keras_als import policies
-from keras_als.step import _scale_state, _step_record
+from keras_als.step import _state, _step_record
 from tests import in_place, models
 
 pytest.importorskip("keras_hub")
@@ -86,8 +86,8 @@ def _assert_one_variable_more_than_keras_s(optimizer, model):
     assert sorted(optimizer.layer_scales()) == sorted(["loss", *models.scale_names(model)])
     assert len(optimizer.layer_scales()) - 1 == len(models.scaled_layers(model)) >= 7
     entries = 1 + len(model.trainable_variables)
-    table = len(_scale_state.PER_SCALE) * entries
-    assert optimizer.scale_state.shape == (table + _scale_state._COUNTED,)
+    table = len(_state.PER_SCALE) * entries
+    assert optimizer.scale_state.shape == (table + _state.COUNTED,)
 
 
 @pytest.mark.slow

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import keras_als
-from keras_als.step import _scale_state
 from keras_als.telemetry import _telemetry
 
 BATCH = 8
@@ -114,11 +113,9 @@ def test_telemetry_without_warnings_reads_the_same_numbers_and_says_nothing():
     warning to the next `telemetry()`, which gives it once."""
     optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.SGD())
     optimizer.build([keras.Variable(np.ones(2, "float32"))])
-    masks = _scale_state.counter_masks(optimizer)
+    masks = optimizer.scaling.counter_masks()
     values = {"skipped_steps": 20, "skipped_in_a_row": 20}
-    _scale_state.assign(
-        optimizer, new_counters=_scale_state.counters_with(optimizer, masks, values=values)
-    )
+    optimizer.scaling.assign(new_counters=optimizer.scaling.counters_with(masks, values=values))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         quiet = optimizer.telemetry(warn=False)

@@ -49,12 +49,10 @@ def traced_as(variant: str) -> tuple[str, bool | None, contextlib.AbstractContex
 
 def _never_measure_again(optimizer) -> None:
     """Sets `optimizer`'s next measurement a million steps away."""
-    from keras_als.step import _scale_state
-
-    masks = _scale_state.counter_masks(optimizer)
+    masks = optimizer.scaling.counter_masks()
     values = {"steps_until_measuring": 10**6}
-    counters = _scale_state.counters_with(optimizer, masks, values=values)
-    _scale_state.assign(optimizer, new_counters=counters)
+    counters = optimizer.scaling.counters_with(masks, values=values)
+    optimizer.scaling.assign(new_counters=counters)
 
 
 def step_breakdown(

@@ -7,7 +7,6 @@ from typing import NamedTuple
 import keras_als
 from benchmarks.harness.scaling import prebuild, skipped
 from benchmarks.real_models.architectures import BATCH, batch, build, data
-from keras_als.step import _scale_state
 
 
 class SkipRun(NamedTuple):
@@ -55,4 +54,4 @@ def skip_trace(
 
 def _measures_next(optimizer) -> bool:
     """Whether keras_als's next step measures the gradients."""
-    return int(_scale_state.counter(optimizer, "steps_until_measuring").numpy()) == 0
+    return int(optimizer.scaling.counter("steps_until_measuring").numpy()) == 0

@@ -95,7 +95,9 @@ def calibrate(
             y_pred = model(x, training=True)
             scaled = optimizer.scale_loss(loss_of(model, x, y, y_pred, loss))
         grads = tape.gradient(scaled, variables)
-        _apply_phases.measure_only(optimizer, _step_record.plan_now(optimizer), grads, variables)
+        _apply_phases.measure_only(
+            optimizer.scaling, _step_record.plan_now(optimizer), grads, variables
+        )
 
     with state_kept(model), policies_kept(model):
         to_float32([model])

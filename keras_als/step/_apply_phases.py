@@ -20,8 +20,9 @@ returned:
 `measure_only` runs phases 1, 2 and 4 alone (`keras_als.calibrate`);
 `unscale_each` is `AdaptiveLossScaleOptimizer.unscale`.
 
-What the phases write into the optimizer's state per scale is in
-`_scale_state`; applying or skipping, in `_skip`.
+Each phase reads and writes the optimizer's state through `state`, its
+`_state.ScaleState` (never the optimizer itself). What the phases write
+per scale is in `_scale_state`; applying or skipping, in `_skip`.
 """
 
 from __future__ import annotations
@@ -42,32 +43,30 @@ PLANNED_GROWTH = 3.0
 period may let pass: half of `policies.MaxSafe`'s default margin."""
 
 
-def run(optimizer, plan, grads: list, variables: list) -> None:
+def run(state, plan, grads: list, variables: list) -> None:
     """Applies one step's gradients of `plan`'s scaled loss, in the phases above."""
-    gradients = group_by_component(plan, grads, variables, optimizer)
+    gradients = group_by_component(plan, grads, variables, state.inner_optimizer)
     finite, reached, loss_finite = check_finite(plan, gradients.weight_amax)
-    step = _skip.step_number(optimizer)
-    updated = optimizer.iterations > 0  # before this step's update
-    apply_or_skip(
-        optimizer, plan, (finite, loss_finite), reached, gradients.unscaled, variables, step
-    )
+    step = _skip.step_number(state)
+    updated = state.iterations > 0  # before this step's update
+    apply_or_skip(state, plan, (finite, loss_finite), reached, gradients.unscaled, variables, step)
     if not plan.built:
         return
     measuring = finite if plan.measuring is None else tf.logical_and(plan.measuring, finite)
-    period = measure_and_choose(optimizer, plan, gradients, measuring, finite, step, updated)
+    period = measure_and_choose(state, plan, gradients, measuring, finite, step, updated)
     if plan.measuring is not None:
-        count_until_measuring(optimizer, finite, measuring, period)
+        count_until_measuring(state, finite, measuring, period)
 
 
-def measure_only(optimizer, plan, grads: list, variables: list) -> None:
+def measure_only(state, plan, grads: list, variables: list) -> None:
     """Phases 1, 2 and 4 without 3 and 5: measures `plan`'s gradients and lets
     the policy choose the scales, applying nothing and counting no step
     (`keras_als.calibrate`). Where a gradient is not finite nothing changes."""
-    gradients = group_by_component(plan, grads, variables, optimizer)
+    gradients = group_by_component(plan, grads, variables, state.inner_optimizer)
     finite, _, _ = check_finite(plan, gradients.weight_amax)
-    step = _skip.step_number(optimizer)
-    updated = optimizer.iterations > 0
-    measure_and_choose(optimizer, plan, gradients, finite, finite, step, updated)
+    step = _skip.step_number(state)
+    updated = state.iterations > 0
+    measure_and_choose(state, plan, gradients, finite, finite, step, updated)
 
 
 class Gradients(NamedTuple):
@@ -95,10 +94,11 @@ class Gradients(NamedTuple):
         ]
 
 
-def group_by_component(plan, grads, variables, optimizer) -> Gradients:
+def group_by_component(plan, grads, variables, inner_optimizer) -> Gradients:
     """Phase 1: groups the gradients by component, takes each one's largest
     magnitude, and pairs each with its component (`Gradients.unscaled`
-    divides them by its scale).
+    divides them by its scale). A variable `inner_optimizer` overwrites with
+    its gradient (`overwrites_with_gradient`) is applied as it is.
 
     One reduction per gradient, over its own shape; a measuring step reads
     the same values, so no gradient enters the measuring branch. Flattened
@@ -110,7 +110,7 @@ def group_by_component(plan, grads, variables, optimizer) -> Gradients:
     float16 = [[] for _ in plan.components]
     components = []
     for g, v in zip(grads, variables):
-        if g is None or overwrites_with_gradient(optimizer, v):
+        if g is None or overwrites_with_gradient(inner_optimizer, v):
             components.append(None)
             continue
         i = plan.index_of(v)
@@ -153,7 +153,7 @@ def check_finite(plan, weight_amax: _statistics.WeightAmax) -> tuple[tf.Tensor, 
     return finite, reached, tf.logical_not(anywhere[-1])
 
 
-def apply_or_skip(optimizer, plan, finite, reached, unscaled, variables, step) -> None:
+def apply_or_skip(state, plan, finite, reached, unscaled, variables, step) -> None:
     """Phase 3: applies the unscaled gradients if `finite` (a pair: the
     gradients' flag and the loss's); else skips the step, changing no
     weight, inner optimizer slot or forward state, and learns from the
@@ -161,10 +161,10 @@ def apply_or_skip(optimizer, plan, finite, reached, unscaled, variables, step) -
     finite, loss_finite = finite
 
     def learn():
-        _scale_state.learn_from_overflow(optimizer, plan, reached, step)
+        _scale_state.learn_from_overflow(state, plan, reached, step)
 
     _skip.apply_if_finite(
-        optimizer,
+        state,
         finite,
         unscaled,
         variables,
@@ -175,7 +175,7 @@ def apply_or_skip(optimizer, plan, finite, reached, unscaled, variables, step) -
     _forward_state.restore_unless(finite)
 
 
-def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, updated) -> tf.Tensor:
+def measure_and_choose(state, plan, gradients, measuring, finite, step, updated) -> tf.Tensor:
     """Phase 4: where `measuring`, measures this step's statistics, asks the
     policy for the next scales and records what was measured. Returns the
     steps until the next measurement (`next_period`; read only where
@@ -187,13 +187,11 @@ def measure_and_choose(optimizer, plan, gradients, measuring, finite, step, upda
         return _statistics.agree_across_replicas(statistics)
 
     def update(statistics):
-        proposed, rows = _scale_state.choose_scales(
-            optimizer, plan, statistics, finite, step, updated
-        )
-        rows.update(_scale_state.record_measurement(optimizer, plan, statistics, gradients))
-        _scale_state.write(plan, optimizer, rows)
-        elapsed = _scale_state.counter(optimizer, "steps_since_measured") + 1
-        period = next_period(plan.scales, proposed, elapsed, optimizer.measure_every_n_steps)
+        proposed, rows = _scale_state.choose_scales(state, plan, statistics, finite, step, updated)
+        rows.update(_scale_state.record_measurement(state, plan, statistics, gradients))
+        _scale_state.write(plan, state, rows)
+        elapsed = state.counter("steps_since_measured") + 1
+        period = next_period(plan.scales, proposed, elapsed, state.measure_every_n_steps)
         return tf.where(updated, period, tf.ones_like(period))
 
     if _statistics.several_replicas():
@@ -249,20 +247,18 @@ def next_period(old: tf.Tensor, new: tf.Tensor, elapsed: tf.Tensor, longest: int
     return tf.clip_by_value(period, 1, longest)
 
 
-def count_until_measuring(optimizer, finite, measured, period) -> None:
+def count_until_measuring(state, finite, measured, period) -> None:
     """Phase 5: the next measurement comes on the next finite step after a
     skipped step, else `period` steps after a measuring step (`next_period`);
     `steps_since_measured` counts the finite steps since the last measurement
     or skipped step."""
-    until = _scale_state.counter(optimizer, "steps_until_measuring")
-    since = _scale_state.counter(optimizer, "steps_since_measured")
+    until = state.counter("steps_until_measuring")
+    since = state.counter("steps_since_measured")
     zero = tf.zeros_like(until)
     until = tf.where(finite, tf.where(measured, tf.cast(period, until.dtype) - 1, until - 1), zero)
     since = tf.where(tf.logical_and(finite, tf.logical_not(measured)), since + 1, zero)
-    masks = _scale_state.counter_masks(optimizer)
     values = {"steps_since_measured": since, "steps_until_measuring": until}
-    counters = _scale_state.counters_with(optimizer, masks, values=values)
-    _scale_state.assign(optimizer, new_counters=counters)
+    state.assign(new_counters=state.counters_with(state.counter_masks(), values=values))
 
 
 def unscale(gradient, reciprocal):
@@ -279,12 +275,12 @@ def unscale(gradient, reciprocal):
     return tf.cast(tf.cast(gradient, tf.float32) * reciprocal, gradient.dtype)
 
 
-def unscale_each(optimizer, plan, grads: list, variables: list) -> list:
+def unscale_each(state, plan, grads: list, variables: list) -> list:
     """`AdaptiveLossScaleOptimizer.unscale`: each gradient divided by its
     component's scale in `plan`, or, without a plan (an eager step), by
     Keras's one dynamic scale (None stays None)."""
     if plan is None:
-        scale = optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
+        scale = state.dynamic_scale if state.built else state.initial_scale
         reciprocal = 1.0 / tf.cast(scale, tf.float32)
         return [None if g is None else unscale(g, reciprocal) for g in grads]
     return [

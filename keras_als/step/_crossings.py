@@ -15,7 +15,7 @@ branch: the boundary adds to its factor an exact zero read from the branch's
 result, so XLA runs the branch where the gradient arrives and can free it
 there. Without that, XLA schedules a branch where its results are read,
 after backprop, and keeps its operands alive until then. Only lone gradients
-wait: making every group wait raises a small CNN's peak memory.
+wait: making every group wait ties XLA's schedule and raises peak memory.
 
 XLA turns a conditional whose branches hold only elementwise operations and
 reductions into a select of both branches (`ConditionalSimplifier`), so the
@@ -24,13 +24,12 @@ gradients, which is slower. A branch reads its values out through a gather,
 which XLA counts as expensive, so it keeps the branch.
 
 A branch reduces the mean squares even when the policy reads none (only
-`ApproxRange` does), and XLA keeps them: without them, XLA fused a branch's
-largest-value reductions into the gather that keeps the branch, a kernel
-LLVM took too long to compile.
+`ApproxRange` does): they keep XLA from fusing the branch's largest-value
+reductions into the gather that keeps the branch, a kernel slow to compile.
 
 The measurements behind these choices: `python -m benchmarks.suite.memory
---breakdown transformer` (the `crossings_never_wait` variant) and
-`benchmarks/README.md`.
+--breakdown transformer` (the `crossings_never_wait`, `crossings_reduced_early`
+and `crossings_reduced_last` variants) and `benchmarks/README.md`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keras_als._keras_private import trainable_variables_of
 from keras_als.step._layer_call import owner_of
 
 
@@ -69,16 +68,15 @@ def names(paths: Sequence[str]) -> list[str]:
     return chosen
 
 
-def scaled(optimizer) -> list[tuple[object, int, str]]:
-    """`(owner, entry, name)` of every layer with a scale (empty before `build`)."""
-    if not optimizer.built:
-        return []
-    found = owners(trainable_variables_of(optimizer))
+def scaled(state) -> list[tuple[object, int, str]]:
+    """`(owner, entry, name)` of every layer with a scale among the variables
+    `state` (the optimizer's `_state.ScaleState`) was built for (empty before)."""
+    found = owners(state.trainable_variables)
     chosen = names([owner.scale_path for owner, _ in found])
     return [(owner, entry, name) for (owner, entry), name in zip(found, chosen)]
 
 
-def named(optimizer) -> tuple[list[str], list[int]]:
+def named(state) -> tuple[list[str], list[int]]:
     """The names of `layer_scales()` and the entry each is read from (`"loss"`: 0)."""
-    found = scaled(optimizer)
+    found = scaled(state)
     return ["loss", *(name for _, _, name in found)], [0, *(e for _, e, _ in found)]

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from keras_als.step import _boundary, _crossings
+from keras_als.step import _boundary, _crossings, _entries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +193,26 @@ def _carries_gradient(dtype: tf.DType) -> bool:
     through: two regions that only share such a tensor (the shape of one
     read to reshape the other) are not joined."""
     return not (dtype.is_integer or dtype.is_bool or dtype == tf.string)
+
+
+def plan_for(state, loss: tf.Tensor, boundaries: Sequence, measures: bool) -> Plan:
+    """`make_plan` from the optimizer's `_state.ScaleState`: the variables it
+    is built for, their scaled layers (`_entries.scaled`) and current scales;
+    the step measures where its countdown (`steps_until_measuring`) is 0, or
+    always if `measures` (`keras_als.calibrate`) or `measure_every_n_steps` is 1."""
+    measuring = None  # every step measures
+    if state.built and state.measure_every_n_steps > 1 and not measures:
+        measuring = tf.equal(state.counter("steps_until_measuring"), 0)
+    return make_plan(
+        loss,
+        boundaries,
+        list(state.trainable_variables),
+        _entries.scaled(state),
+        state.vector(),
+        state.built,
+        measuring,
+        count_zeros=bool(state.estimate_underflow),
+    )
 
 
 def make_plan(

@@ -17,7 +17,6 @@ import keras
 import tensorflow as tf
 
 from keras_als._keras_private import strategy_supports_no_merge_call
-from keras_als.step import _scale_state
 
 SKIPPED = 1.0
 """The recent skips window's entry for a step skipped for its gradients (0: applied)."""
@@ -27,14 +26,14 @@ layout is unchanged: checkpoints written before this mark existed load, and
 their skipped steps read as `SKIPPED`."""
 
 
-def step_number(optimizer) -> tf.Tensor:
+def step_number(state) -> tf.Tensor:
     """This step's number (applied and skipped steps before it), as float32."""
-    skipped = tf.cast(optimizer.skipped_steps, optimizer.iterations.dtype)
-    return tf.cast(optimizer.iterations + skipped, "float32")
+    skipped = tf.cast(state.skipped_steps, state.iterations.dtype)
+    return tf.cast(state.iterations + skipped, "float32")
 
 
 def apply_if_finite(
-    optimizer,
+    state,
     finite,
     gradients: Callable[[], list],
     variables,
@@ -42,7 +41,7 @@ def apply_if_finite(
     on_skip: Callable[[], None] | None = None,
     loss_finite: tf.Tensor | None = None,
 ) -> None:
-    """Applies `gradients()` with `optimizer.inner_optimizer` if `finite`, else skips the step.
+    """Applies `gradients()` with `state.inner_optimizer` if `finite`, else skips the step.
 
     A skipped step whose `loss_finite` is false is marked
     `SKIPPED_LOSS_NOT_FINITE` in the recent skips window (None: the loss is
@@ -59,26 +58,22 @@ def apply_if_finite(
     CPU than a conditional (a gather, scatter or matrix product in a branch,
     as learning from an overflow has, keeps the conditional).
     """
-    masks = _scale_state.counter_masks(optimizer, step)
+    masks = state.counter_masks(step)
 
     def applied():
         zero = ("skipped_in_a_row", "window")
-        _scale_state.assign(
-            optimizer, new_counters=_scale_state.counters_with(optimizer, masks, zero=zero)
-        )
+        state.assign(new_counters=state.counters_with(masks, zero=zero))
 
     def skip_step(loss_finite=loss_finite):
         counted = ("skipped_steps", "skipped_in_a_row")
         mark = SKIPPED
         if loss_finite is not None:
             mark = tf.where(loss_finite, SKIPPED, SKIPPED_LOSS_NOT_FINITE)
-        counters = _scale_state.counters_with(
-            optimizer, masks, increment=counted, values={"window": mark}
-        )
-        _scale_state.assign(optimizer, new_counters=counters)
+        counters = state.counters_with(masks, increment=counted, values={"window": mark})
+        state.assign(new_counters=counters)
 
     def apply_step():
-        optimizer.inner_optimizer.apply(gradients(), trainable_variables=variables)
+        state.inner_optimizer.apply(gradients(), trainable_variables=variables)
         applied()
 
     if strategy_supports_no_merge_call():
@@ -96,7 +91,7 @@ def apply_if_finite(
 
         def apply_everywhere():
             distribution.extended.call_for_each_replica(
-                lambda g: optimizer.inner_optimizer.apply(g, trainable_variables=variables),
+                lambda g: state.inner_optimizer.apply(g, trainable_variables=variables),
                 args=(grads,),
             )
             applied()

@@ -1,6 +1,6 @@
 """Telemetry: what the optimizer's state says about the scaling, as plain values.
 
-`read` turns `AdaptiveLossScaleOptimizer`'s variables into the dict that
+`read` turns `AdaptiveLossScaleOptimizer`'s state (its `_state.ScaleState`) into the dict that
 `telemetry()` returns (`layer_scales` into `layer_scales()`'s), `stuck`
 says why the scaling looks stuck (or None: where the loss itself was not
 finite on most skipped steps, it names the float32 tools), `beyond_float16`
@@ -17,37 +17,36 @@ import keras
 
 from keras_als import policies
 from keras_als.step import _entries, _scale_state
-from keras_als.step._scale_state import SKIP_WINDOW
 from keras_als.step._skip import SKIPPED_LOSS_NOT_FINITE
+from keras_als.step._state import SKIP_WINDOW
 
 STUCK_SHARE = 0.25
 """Share of the last `SKIP_WINDOW` steps skipped above which the scaling is reported stuck."""
 
 
-def read(optimizer) -> dict:
-    """`optimizer.telemetry()`'s dict (see there), without warning."""
-    built = optimizer.built
-    names, entries = _entries.named(optimizer) if built else (["loss"], [0])
+def read(state) -> dict:
+    """`optimizer.telemetry()`'s dict (see there) from the optimizer's
+    `_state.ScaleState`, without warning."""
+    built = state.built
+    names, entries = _entries.named(state)
 
     def per_layer(name, kind, default):
         if not built:
             return {"loss": default}
-        values = keras.ops.convert_to_numpy(_scale_state.row(optimizer, name))
+        values = keras.ops.convert_to_numpy(state.row(name))
         return {n: kind(values[e]) for n, e in zip(names, entries)}
 
     steps = skipped = in_a_row = loss_not_finite = 0
     recent = 0.0
     if built:
-        skipped = int(keras.ops.convert_to_numpy(optimizer.skipped_steps))
-        steps = int(keras.ops.convert_to_numpy(optimizer.iterations)) + skipped
-        window = keras.ops.convert_to_numpy(_scale_state.recent_skips(optimizer))
+        skipped = int(keras.ops.convert_to_numpy(state.skipped_steps))
+        steps = int(keras.ops.convert_to_numpy(state.iterations)) + skipped
+        window = keras.ops.convert_to_numpy(state.recent_skips())
         recent = float((window > 0).sum()) / max(1, min(steps, SKIP_WINDOW))
         loss_not_finite = int((window == SKIPPED_LOSS_NOT_FINITE).sum())
-        in_a_row = int(
-            keras.ops.convert_to_numpy(_scale_state.counter(optimizer, "skipped_in_a_row"))
-        )
+        in_a_row = int(keras.ops.convert_to_numpy(state.counter("skipped_in_a_row")))
     telemetry = {
-        "scale": optimizer.layer_scales(),
+        "scale": layer_scales(state),
         "headroom": per_layer("headroom", float, 0.0),
         "underflow_rate": per_layer("underflow_rates", float, 0.0),
         "zero_rate": per_layer("zero_rates", float, 0.0),
@@ -63,21 +62,20 @@ def read(optimizer) -> dict:
     flagged = [n for n, f in flags.items() if int(f) & int(_scale_state.BEYOND_FLOAT16)]
     telemetry["beyond_float16"] = beyond_float16(telemetry, flagged)
     in_float32 = [
-        name
-        for owner, _, name in (_entries.scaled(optimizer) if built else [])
-        if owner.layer.compute_dtype == "float32"
+        name for owner, _, name in _entries.scaled(state) if owner.layer.compute_dtype == "float32"
     ]
     telemetry["needs_float32"] = needs_float32(telemetry, in_float32)
-    telemetry["warning"] = stuck(telemetry, optimizer.warn_after_skipped_steps)
+    telemetry["warning"] = stuck(telemetry, state.warn_after_skipped_steps)
     return telemetry
 
 
-def layer_scales(optimizer) -> dict[str, float]:
-    """`optimizer.layer_scales()`: the scale of `"loss"` and of each owner, by name."""
-    if not optimizer.built:
-        return {"loss": float(optimizer.initial_scale)}
-    values = keras.ops.convert_to_numpy(_scale_state.vector(optimizer))
-    names, entries = _entries.named(optimizer)
+def layer_scales(state) -> dict[str, float]:
+    """`optimizer.layer_scales()` from its `_state.ScaleState`: the scale of
+    `"loss"` and of each owner, by name."""
+    if not state.built:
+        return {"loss": float(state.initial_scale)}
+    values = keras.ops.convert_to_numpy(state.vector())
+    names, entries = _entries.named(state)
     return {name: float(values[entry]) for name, entry in zip(names, entries)}
 
 
