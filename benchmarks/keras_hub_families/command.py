@@ -1,0 +1,160 @@
+"""The sweep's command line:
+`python -m benchmarks.keras_hub_families [--families a,b] [--seeds 1,2]`.
+
+Runs seed 1 of every family, then seed 2, in subprocesses (a crash or a hang
+costs one family's seed), within the plan's time budget, then writes
+`keras_hub_families.json` (every run) and `keras_hub_families.md` (the section
+RESULTS.md takes in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.harness import provenance
+from benchmarks.keras_hub_families import families, report
+
+BUDGET_SECONDS = 45 * 60
+FAMILY_SECONDS = 600
+
+
+def child(names: list[str], seed: int, path: str, deadline: float) -> int:
+    """Runs `names` on `seed` in this process, one line of `path` a family:
+    `{"started": name}` before, `{"rows": [...]}` after; none starts after `deadline`."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from benchmarks.keras_hub_families import study
+
+    for name in names:
+        if time.time() > deadline:
+            return 0
+        with open(path, "a") as f:
+            f.write(json.dumps({"started": name, "at": time.time()}) + "\n")
+        rows = study.run_seed(name, seed)
+        with open(path, "a") as f:
+            f.write(json.dumps({"rows": rows}) + "\n")
+    return 0
+
+
+def _lines(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _lost(name: str, seed: int, why: str) -> list[dict]:
+    """Rows of a family's seed whose subprocess crashed or was stopped."""
+    from benchmarks.keras_hub_families import study
+
+    return [study._failed(name, m, seed, why) for m in study.METHODS]
+
+
+def sweep(names: list[str], seeds: list[int], deadline: float) -> tuple[list[dict], list[str]]:
+    """Every family of `names` on each seed (seed-major), each in a subprocess;
+    returns the rows and the `family seed` pairs not started by `deadline`."""
+    rows: list[dict] = []
+    not_run: list[str] = []
+    for seed in seeds:
+        remaining = list(names)
+        while remaining:
+            if time.time() > deadline:
+                not_run += [f"{n} (seed {seed})" for n in remaining]
+                break
+            handle, path = tempfile.mkstemp(suffix=".jsonl")
+            os.close(handle)
+            arguments = ["--child", ",".join(remaining), "--seeds", str(seed), "--status", path]
+            arguments += ["--deadline", str(deadline)]
+            process = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.keras_hub_families", *arguments]
+            )
+            why = None
+            while process.poll() is None:
+                time.sleep(2)
+                lines = _lines(path)
+                if lines and "started" in lines[-1]:
+                    if time.time() - lines[-1]["at"] > FAMILY_SECONDS:
+                        process.kill()
+                        process.wait()
+                        why = f"timed out after {FAMILY_SECONDS} s"
+            lines = _lines(path)
+            os.remove(path)
+            done = [line for line in lines if "rows" in line]
+            for line in done:
+                rows += line["rows"]
+                name = line["rows"][0]["family"]
+                remaining.remove(name)
+                print(f"{name} seed {seed}: {_progress(line['rows'])}", flush=True)
+            if lines and "started" in lines[-1]:
+                name = lines[-1]["started"]
+                why = why or f"subprocess exited with {process.returncode}"
+                rows += _lost(name, seed, why)
+                remaining.remove(name)
+                print(f"{name} seed {seed}: {why}", flush=True)
+            elif not done and process.returncode:  # it died before any family
+                rows += [r for n in remaining for r in _lost(n, seed, why or "no start")]
+                print(f"seed {seed}: the subprocess exited with {process.returncode}", flush=True)
+                break
+    return rows, not_run
+
+
+def _progress(rows: list[dict]) -> str:
+    return ", ".join(
+        f"{r['method']} {r['outcome']:.4g}"
+        + (f" ({r['skipped']} skipped)" if r.get("skipped") else "")
+        + (" ERROR" if r.get("error") else "")
+        for r in rows
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.keras_hub_families", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--families", help="comma-separated (default: all)")
+    parser.add_argument("--seeds", default="1,2", help="comma-separated (default 1,2)")
+    parser.add_argument("--out", help="output folder (default benchmarks/results)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--status", help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.child:
+        return child(args.child.split(","), seeds[0], args.status, args.deadline)
+    names = args.families.split(",") if args.families else list(families.FAMILIES)
+    unknown = set(names) - set(families.FAMILIES)
+    if unknown:
+        parser.error(f"unknown families {sorted(unknown)}; known: {', '.join(families.FAMILIES)}")
+    start = time.perf_counter()
+    rows, not_run = sweep(names, seeds, time.time() + BUDGET_SECONDS)
+    argv = sys.argv[1:] if argv is None else argv
+    results = {
+        "study": "keras_hub_families",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join(["python -m benchmarks.keras_hub_families", *argv]),
+        "seconds": time.perf_counter() - start,
+        "environment": provenance.environment(),
+        "provenance": provenance.code(),
+        "not_run": not_run,
+        "runs": rows,
+    }
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folder = args.out or os.path.join(here, "results")
+    os.makedirs(folder, exist_ok=True)
+    text = report.markdown(results, list(families.FAMILIES))
+    with open(os.path.join(folder, "keras_hub_families.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(folder, "keras_hub_families.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
