@@ -42,6 +42,7 @@ def child(names: list[str], seed: int, path: str, deadline: float) -> int:
         rows = study.run_seed(name, seed)
         with open(path, "a") as f:
             f.write(json.dumps({"rows": rows}) + "\n")
+        print(f"{name} seed {seed}: {_progress(rows)}", flush=True)
     return 0
 
 
@@ -93,7 +94,6 @@ def sweep(names: list[str], seeds: list[int], deadline: float) -> tuple[list[dic
                 rows += line["rows"]
                 name = line["rows"][0]["family"]
                 remaining.remove(name)
-                print(f"{name} seed {seed}: {_progress(line['rows'])}", flush=True)
             if lines and "started" in lines[-1]:
                 name = lines[-1]["started"]
                 why = why or f"subprocess exited with {process.returncode}"
