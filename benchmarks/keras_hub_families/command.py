@@ -4,7 +4,8 @@
 Runs seed 1 of every family, then seed 2, in subprocesses (a crash or a hang
 costs one family's seed), within the plan's time budget, then writes
 `keras_hub_families.json` (every run) and `keras_hub_families.md` (the section
-RESULTS.md takes in).
+RESULTS.md takes in). `--render` measures nothing: it rewrites the markdown
+from the JSON.
 """
 
 from __future__ import annotations
@@ -124,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", help="comma-separated (default: all)")
     parser.add_argument("--seeds", default="1,2", help="comma-separated (default 1,2)")
     parser.add_argument("--out", help="output folder (default benchmarks/results)")
+    parser.add_argument(
+        "--render", action="store_true", help="measure nothing: rewrite the .md from the .json"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--status", help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
@@ -131,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.child:
         return child(args.child.split(","), seeds[0], args.status, args.deadline)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folder = args.out or os.path.join(here, "results")
+    if args.render:
+        with open(os.path.join(folder, "keras_hub_families.json")) as f:
+            results = json.load(f)
+        return _write(results, folder, with_json=False)
     names = args.families.split(",") if args.families else list(families.FAMILIES)
     unknown = set(names) - set(families.FAMILIES)
     if unknown:
@@ -148,12 +158,16 @@ def main(argv: list[str] | None = None) -> int:
         "not_run": not_run,
         "runs": rows,
     }
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    folder = args.out or os.path.join(here, "results")
+    return _write(results, folder)
+
+
+def _write(results: dict, folder: str, with_json: bool = True) -> int:
+    """Writes the results' JSON (unless not `with_json`) and markdown into `folder`."""
     os.makedirs(folder, exist_ok=True)
     text = report.markdown(results, list(families.FAMILIES))
-    with open(os.path.join(folder, "keras_hub_families.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    if with_json:
+        with open(os.path.join(folder, "keras_hub_families.json"), "w") as f:
+            json.dump(results, f, indent=1)
     with open(os.path.join(folder, "keras_hub_families.md"), "w") as f:
         f.write(text)
     print(text)

@@ -57,6 +57,16 @@ def test_the_verdict_passes_within_the_noise_and_fails_beyond_it_or_on_more_skip
     assert report.verdict(_family((2.0, 2.1), (math.nan, 2.1)), "x") == "fail: loss not finite"
     broken = _family((2.0, math.nan), (2.0, 2.1))
     assert report.verdict(broken, "x") == "float32 fails"
+    raised = [
+        dict(r, error="train block 1: ValueError") if r["method"] != "float32" else r
+        for r in _family((2.0, 2.1), (2.0, 2.1))
+    ]
+    assert report.verdict(raised, "x") == "float16 fails"
+    ours_alone = [
+        dict(r, error="train block 1: ValueError") if r["method"] == "als_fallback" else r
+        for r in _family((2.0, 2.1), (2.0, 2.1))
+    ]
+    assert report.verdict(ours_alone, "x") == "fail: keras_als + Float32Fallback raised"
 
 
 def test_the_table_gives_a_line_a_family_with_skips_per_seed_and_layers_moved():
