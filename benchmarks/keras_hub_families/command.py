@@ -158,7 +158,42 @@ def main(argv: list[str] | None = None) -> int:
         "not_run": not_run,
         "runs": rows,
     }
-    return _write(results, folder)
+    return _write(
+        kept_from_earlier(results, os.path.join(folder, "keras_hub_families.json")), folder
+    )
+
+
+def kept_from_earlier(results: dict, path: str) -> dict:
+    """`results`, with the runs of the file at `path` (if any) whose family and
+    seed were not run now kept, and the command and date that made them
+    (`"kept"`); `not_run` keeps the earlier pairs that are still not run."""
+    if not os.path.exists(path):
+        return results
+    with open(path) as f:
+        earlier = json.load(f)
+    now = {(r["family"], r["seed"]) for r in results["runs"]}
+    others = [r for r in earlier["runs"] if (r["family"], r["seed"]) not in now]
+    if not others:
+        return results
+    pairs = sorted({(r["family"], r["seed"]) for r in others})
+    source = {"command": earlier["command"], "date": earlier["date"], "runs": len(pairs)}
+    not_run = [n for n in earlier.get("not_run", []) if _pair(n) not in now]
+    return results | {
+        "runs": others + results["runs"],
+        "kept": [*earlier.get("kept", []), source],
+        "not_run": sorted(set(not_run) | set(results["not_run"]), key=_order),
+    }
+
+
+def _pair(not_run: str) -> tuple[str, int]:
+    """`("bert", 2)` of `"bert (seed 2)"`."""
+    name, seed = not_run.split(" (seed ")
+    return name, int(seed.rstrip(")"))
+
+
+def _order(not_run: str) -> tuple[int, int]:
+    name, seed = _pair(not_run)
+    return seed, list(families.FAMILIES).index(name) if name in families.FAMILIES else 0
 
 
 def _write(results: dict, folder: str, with_json: bool = True) -> int:

@@ -156,6 +156,10 @@ def markdown(results: dict, order: list[str]) -> str:
         f"- Date: {results['date']}; total {results['seconds']:.0f} s",
         f"- Machine: {results['environment']}",
         f"- keras_als measured: {results['provenance']}",
+        *(
+            f"- Runs of {k['runs']} family-seed pairs kept from `{k['command']}` ({k['date']})"
+            for k in results.get("kept", [])
+        ),
         "- Verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())),
         *(
             [f"- Not run (time budget): {', '.join(results['not_run'])}"]

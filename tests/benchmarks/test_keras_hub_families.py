@@ -103,3 +103,31 @@ def test_one_tiny_family_trains_under_every_method():
     assert all(r["error"] is None and math.isfinite(r["outcome"]) for r in rows)
     assert all(r["steps"] == 2 and r["skipped"] >= 0 for r in rows)
     assert isinstance(rows[-1]["fallback_applied"], list)
+
+
+def test_a_later_command_keeps_the_earlier_runs_of_other_families_and_seeds(tmp_path):
+    import json
+
+    from benchmarks.keras_hub_families import command
+
+    earlier = {
+        "command": "python -m benchmarks.keras_hub_families",
+        "date": "then",
+        "not_run": ["whisper (seed 1)", "bert (seed 2)", "whisper (seed 2)"],
+        "runs": [_row("bert", "float32", 1, 0.7), _row("whisper", "float32", 1, 9.0)],
+    }
+    path = tmp_path / "keras_hub_families.json"
+    path.write_text(json.dumps(earlier))
+    now = {
+        "command": "c",
+        "date": "now",
+        "not_run": [],
+        "runs": [_row("whisper", "float32", 1, 6.0)],
+    }
+    merged = command.kept_from_earlier(now, str(path))
+    assert [(r["family"], r["outcome"]) for r in merged["runs"]] == [
+        ("bert", 0.7),
+        ("whisper", 6.0),
+    ]
+    assert merged["not_run"] == ["bert (seed 2)", "whisper (seed 2)"]
+    assert merged["kept"] == [{"command": earlier["command"], "date": "then", "runs": 1}]
