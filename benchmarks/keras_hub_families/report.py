@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 FLOAT32, NONE, KERAS, OURS, FALLBACK = (
@@ -130,7 +131,8 @@ def errors(rows: list[dict], order: list[str]) -> list[str]:
             failed = [r for r in _of(rows, family, method) if r.get("error")]
             if failed:
                 seeds = ",".join(str(r["seed"]) for r in failed)
-                lines.append(f"- {family}, {method} (seeds {seeds}): {failed[0]['error']}")
+                error = re.sub(r"\x1b\[[0-9;]*m|\s+(?=\s)", "", failed[0]["error"])[:160]
+                lines.append(f"- {family}, {method} (seeds {seeds}): {error}")
     return lines
 
 

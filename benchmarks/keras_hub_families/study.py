@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 import traceback
 
@@ -30,7 +31,7 @@ DIAGNOSED_EXAMPLES = 16
 def _error(exception: BaseException) -> str:
     """The exception's type and message, on one line, cut to 300 characters."""
     text = f"{type(exception).__name__}: {exception}".replace("\n", " ")
-    return text[:300]
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)[:300]  # no terminal colours
 
 
 def _rows(x, rows):
