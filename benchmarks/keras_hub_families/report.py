@@ -38,9 +38,12 @@ def _mean(rows: list[dict]) -> float:
 
 
 def verdict(rows: list[dict], family: str) -> str:
-    """`pass`, `fail: ...` with the reasons, or no verdict: `float32 fails`, or
-    `float16 fails` (every mixed_float16 method raised, Keras's too)."""
+    """`pass`, `fail: ...` with the reasons, or no verdict: `timed out` (the
+    cost rule stopped it), `float32 fails`, or `float16 fails` (every
+    mixed_float16 method raised, Keras's too)."""
     reference = _of(rows, family, FLOAT32)
+    if any((r.get("error") or "").startswith("timed out") for r in reference):
+        return "timed out"
     if not reference or any(r.get("error") or not math.isfinite(r["outcome"]) for r in reference):
         return "float32 fails"
     mixed = [_of(rows, family, m) for m in (NONE, KERAS, OURS, FALLBACK)]

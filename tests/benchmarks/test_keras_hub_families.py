@@ -62,6 +62,8 @@ def test_the_verdict_passes_within_the_noise_and_fails_beyond_it_or_on_more_skip
         for r in _family((2.0, 2.1), (2.0, 2.1))
     ]
     assert report.verdict(raised, "x") == "float16 fails"
+    stopped = [dict(r, error="timed out after 600 s") for r in _family((2.0, 2.1), (2.0, 2.1))]
+    assert report.verdict(stopped, "x") == "timed out"
     ours_alone = [
         dict(r, error="train block 1: ValueError") if r["method"] == "als_fallback" else r
         for r in _family((2.0, 2.1), (2.0, 2.1))
