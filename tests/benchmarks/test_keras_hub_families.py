@@ -84,6 +84,12 @@ def test_the_table_gives_a_line_a_family_with_skips_per_seed_and_layers_moved():
     assert report.errors(rows, ["x", "y"])[0] == ("- y, float32 (seeds 1,2): build: ValueError: no")
 
 
+def test_the_pairs_not_run_are_grouped_by_seed():
+    pairs = ["moonshine (seed 1)", "bert (seed 2)", "gpt2 (seed 2)"]
+    assert report.not_run(pairs, 2) == "seed 1: moonshine; seed 2: every family"
+    assert report.not_run(pairs, 3) == "seed 1: moonshine; seed 2: bert, gpt2"
+
+
 def test_the_data_is_real_text_and_digits_of_the_planned_sizes():
     x, y = families.data("text")
     assert x["token_ids"].shape == (160, 16) and set(np.unique(y)) == {0, 1}
