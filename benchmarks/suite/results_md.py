@@ -22,6 +22,7 @@ SEPARATE = (
     "lora",
     "flat_regions",
     "flat_regions_mechanism",
+    "keras_hub_families",
     "real_models",
     "memory_breakdown",
     "step_breakdown",

@@ -101,6 +101,12 @@ def _flat_regions_mechanism() -> str:
     return mechanism_report.markdown(_json("flat_regions_mechanism.json"))
 
 
+def _keras_hub_families() -> str:
+    from benchmarks.keras_hub_families import families, report
+
+    return report.markdown(_json("keras_hub_families.json"), list(families.FAMILIES))
+
+
 def _step_profile() -> str:
     from benchmarks.profiles import step_profile
 
@@ -131,6 +137,7 @@ def _step_breakdown() -> str:
         ("lora.md", _keras_hub_task("lora")),
         ("flat_regions.md", _flat_regions),
         ("flat_regions_mechanism.md", _flat_regions_mechanism),
+        ("keras_hub_families.md", _keras_hub_families),
         ("real_models.md", _real_models),
         ("step_profile.md", _step_profile),
         ("memory_breakdown.md", _memory_breakdown),
