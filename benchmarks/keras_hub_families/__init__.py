@@ -5,7 +5,8 @@
 
 The plan (written before the first number; a change after a run is said here):
 
-- Families (`families.FAMILIES`): each KerasHub 0.32 family that can be built
+- Families (`families.FAMILIES`, built by `builders`, data from `batches`): each
+  KerasHub 0.32 family that can be built
   tiny from its constructors with nothing downloaded, as its task class with
   `preprocessor=None` where KerasHub has one for the data, else its backbone
   and a float32 head (a Dense of logits). Text classifiers (BERT, DistilBERT,

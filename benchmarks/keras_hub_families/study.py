@@ -14,7 +14,7 @@ import numpy as np
 import keras_als
 from benchmarks.flat_regions import plan as flat_regions
 from benchmarks.harness import scaling
-from benchmarks.keras_hub_families import families
+from benchmarks.keras_hub_families import batches, families
 from benchmarks.keras_hub_tasks import training
 
 FALLBACK = flat_regions.FALLBACK
@@ -56,14 +56,14 @@ def run_seed(
     family = families.FAMILIES[name]
     keras.utils.clear_session()
     keras.utils.set_random_seed(seed)
-    x, y = families.data(family.kind, "train")
-    test_x, test_y = families.data(family.kind, "test")
+    x, y = batches.data(family.kind, "train")
+    test_x, test_y = batches.data(family.kind, "test")
     compile_arguments = {"loss": family.loss} if family.loss is not None else {}
     try:
         with scaling.precision("float32"):
             reference = family.build()
             weights = reference.get_weights()
-        x, test_x = families.inputs_for(reference, x), families.inputs_for(reference, test_x)
+        x, test_x = batches.inputs_for(reference, x), batches.inputs_for(reference, test_x)
     except Exception as exception:  # noqa: BLE001 - a family that fails to build is listed
         return [_failed(name, m, seed, "build: " + _error(exception)) for m in METHODS]
     order = np.random.default_rng(seed).permutation(len(y))[: blocks * steps_per_block * BATCH]

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.keras_hub_families import families, report, study
+from benchmarks.keras_hub_families import batches, report, study
 
 
 def _row(family, method, seed, outcome, skipped=0, **extra):
@@ -91,15 +91,15 @@ def test_the_pairs_not_run_are_grouped_by_seed():
 
 
 def test_the_data_is_real_text_and_digits_of_the_planned_sizes():
-    x, y = families.data("text")
+    x, y = batches.data("text")
     assert x["token_ids"].shape == (160, 16) and set(np.unique(y)) == {0, 1}
-    assert 2 <= x["token_ids"].min() and x["token_ids"].max() < families.VOCABULARY
-    x, y = families.data("causal_lm", "test")
+    assert 2 <= x["token_ids"].min() and x["token_ids"].max() < batches.VOCABULARY
+    x, y = batches.data("causal_lm", "test")
     np.testing.assert_array_equal(x["token_ids"][:, 1:], y[:, :-1])
-    images, labels = families.data("image")
+    images, labels = batches.data("image")
     assert images.shape == (160, 32, 32, 3) and 0.0 <= images.min() and images.max() <= 1.0
     assert set(np.unique(labels)) == set(range(10))
-    _, masks = families.data("segmentation_one_hot", "test")
+    _, masks = batches.data("segmentation_one_hot", "test")
     assert masks.shape == (32, 32, 32, 11)
     np.testing.assert_array_equal(masks.sum(-1), 1.0)
 
