@@ -110,7 +110,14 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         initial_scale = _mistakes.power_of_two_at_most(initial_scale)
         _mistakes.count("measure_every_n_steps", measure_every_n_steps, " (1 measures every step)")
         _mistakes.count("warn_after_skipped_steps", warn_after_skipped_steps)
-        super().__init__(inner_optimizer, initial_scale, dynamic_growth_steps, name, **kwargs)
+        # By keyword: Keras 3.10's LossScaleOptimizer takes `name` by keyword only.
+        super().__init__(
+            inner_optimizer,
+            initial_scale=initial_scale,
+            dynamic_growth_steps=dynamic_growth_steps,
+            name=name,
+            **kwargs,
+        )
         self.scaling = _state.ScaleState(
             inner_optimizer,
             initial_scale,
