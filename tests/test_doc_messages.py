@@ -32,18 +32,11 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def needs_float32_warning(telemetry: dict) -> str:
+def warning_of(warn, telemetry: dict) -> str:
+    """The one `UserWarning` that `warn` (a `_mistakes.warn_*`) gives for `telemetry`."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _mistakes.warn_needs_float32(types.SimpleNamespace(), telemetry)
-    (warning,) = caught
-    return f"UserWarning: {warning.message}"
-
-
-def beyond_float16_warning(telemetry: dict) -> str:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _mistakes.warn_beyond_float16(types.SimpleNamespace(), telemetry)
+        warn(types.SimpleNamespace(), telemetry)
     (warning,) = caught
     return f"UserWarning: {warning.message}"
 
@@ -74,9 +67,9 @@ def rendered() -> list[str]:
         "overflows": {"loss": 0, "hidden": 5},
     }
     return [
-        needs_float32_warning(patch),
+        warning_of(_mistakes.warn_needs_float32, patch),
         f"UserWarning: {stuck}",
-        beyond_float16_warning(recovered),
+        warning_of(_mistakes.warn_beyond_float16, recovered),
         str(Diagnosis((Finding("wide", "forward"),))),
     ]
 
