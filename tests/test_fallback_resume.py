@@ -137,3 +137,62 @@ def test_a_keras_file_keeps_the_float32_layers_and_a_weights_file_resumes_throug
         assert _float32_layers(other) == ["adds", "head"]
         for a, b in zip(other.get_weights(), model.get_weights(), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_a_resumed_keras_hub_t5_gets_its_float32_layers_back_and_trains_as_the_uninterrupted_run(
+    tmp_path,
+):
+    """Tiny KerasHub T5 (its float16 loss is NaN whatever the weights), 3
+    epochs of 8 steps under plain `fit` with `Float32Fallback` and
+    `BackupAndRestore`, interrupted in the second epoch and resumed in a T5
+    rebuilt from code: the resumed run moves the same layers to float32 at
+    its first batch, skips no step, and ends at the uninterrupted run's loss
+    and weights within float32 rounding (rtol 1e-5)."""
+    from benchmarks.harness import hub_tasks
+
+    sparse = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = hub_tasks.seq2seq_batches(64)
+    first = {name: value[:8] for name, value in x.items()}
+
+    def t5_from_code():
+        keras.config.set_dtype_policy("mixed_float16")
+        keras.utils.set_random_seed(0)
+        model = keras_als.wrap_model(hub_tasks.t5_seq2seq_lm())
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+        model.compile(optimizer=optimizer, loss=sparse, jit_compile=True)
+        return model
+
+    def fit(model, *callbacks):
+        fallback = keras_als.Float32Fallback(first, y[:8], loss=sparse, verbose=False)
+        backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+        history = model.fit(
+            x, y, batch_size=8, epochs=3, verbose=0, shuffle=False,
+            callbacks=[fallback, backup, *callbacks],
+        )  # fmt: skip
+        return fallback, history.history["loss"]
+
+    def float32_layers(model):
+        layers = model._flatten_layers()  # positions: auto-generated names differ by instance
+        return [i for i, layer in enumerate(layers) if layer.compute_dtype == "float32"]
+
+    uninterrupted = t5_from_code()
+    applied, expected = fit(uninterrupted)
+    assert [step for step, _ in applied.applied] == [0]
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if self.model.optimizer.iterations.numpy() == 12:
+                raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(t5_from_code(), Interrupt())
+    resumed_model = t5_from_code()
+    assert float32_layers(resumed_model) != float32_layers(uninterrupted)
+    resumed, losses = fit(resumed_model)
+    assert resumed.applied == [(8, applied.applied[0][1])]  # the second epoch's start
+    assert float32_layers(resumed_model) == float32_layers(uninterrupted)
+    assert int(resumed_model.optimizer.skipped_steps.numpy()) == 0
+    np.testing.assert_allclose(losses[-1], expected[-1], rtol=1e-5)
+    for a, b in zip(resumed_model.get_weights(), uninterrupted.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
