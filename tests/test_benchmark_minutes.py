@@ -27,6 +27,7 @@ RECORDED = [
     ("detection/", "", "detection.json"),
     ("keras_hub_tasks/", "retinanet", "retinanet.json"),
     ("keras_hub_tasks/", "lora", "lora.json"),
+    ("profiles/", "margin_sweep", "margin_sweep.json"),
 ]
 
 

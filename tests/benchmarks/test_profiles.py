@@ -140,3 +140,42 @@ def test_the_trace_profile_splits_a_first_step_and_counts_keras_als_s_branches(c
         trace_profile.main(["--models", "gpt2_tiny,vgg16"])
     assert "Unknown model 'vgg16'" in capsys.readouterr().err
     assert profiled == []  # refused before profiling the valid name given first
+
+
+def _quoted_margin_skips(text):
+    """The skip counts quoted after 'margins 1, 2, ... and 8 skipped', as floats."""
+    import re
+
+    flat = " ".join(text.split())
+    found = re.search(r"skipped ((?:[\d.]+, )+[\d.]+ and [\d.]+) steps a run", flat)
+    assert found, "no quoted margin sweep"
+    return [float(v) for v in re.split(r", | and ", found.group(1))]
+
+
+def test_the_default_margin_s_justification_quotes_the_committed_margin_sweep():
+    """The skip counts in the policies guide and in `MaxSafe`'s docstring are
+    the committed `margin_sweep.json`'s means per margin, to one decimal, and
+    the default margin is the smallest at which no seed skipped."""
+    import json
+    import pathlib
+    import statistics
+
+    import keras_als
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    saved = json.loads((root / "benchmarks/results/margin_sweep.json").read_text())
+    means = []
+    for margin in saved["margins"]:
+        skipped = [r["skipped"] for r in saved["runs"] if r["margin"] == margin]
+        means.append(round(statistics.mean(skipped), 1))
+    for text in (
+        (root / "docs/guide/policies.md").read_text(),
+        keras_als.policies.MaxSafe.__doc__,
+    ):
+        assert _quoted_margin_skips(text) == means
+    clean = [
+        m
+        for m in saved["margins"]
+        if all(r["skipped"] == 0 for r in saved["runs"] if r["margin"] == m)
+    ]
+    assert min(clean) == keras_als.policies.MaxSafe().margin == 6
