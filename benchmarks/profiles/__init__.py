@@ -13,6 +13,8 @@ PROFILES = {
     "keras_als adds: tracing, or TensorFlow's graph work?",
     "variable_cost": "What does each variable a compiled step updates cost it?",
     "monitor_cost": "What does `keras_als.ScaleMonitor` cost a step?",
+    "step_program": "What program does XLA compile for the training step, and did a change "
+    "alter it?",
     "margin_sweep": "How many steps does `MaxSafe` skip at each margin, at what accuracy?",
     "wrap_sweep": "Does `wrap_model` instrument and train many more models of the real "
     "models' families?",

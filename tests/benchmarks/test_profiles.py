@@ -179,3 +179,38 @@ def test_the_default_margin_s_justification_quotes_the_committed_margin_sweep():
         if all(r["skipped"] == 0 for r in saved["runs"] if r["margin"] == m)
     ]
     assert min(clean) == keras_als.policies.MaxSafe().margin == 6
+
+
+STEP = """HloModule a_inference_one_step_on_data_3474__.54, entry_computation_layout={(f32[2]{0})->f32[]}
+
+%fused_computation.7 (param_0.1: f32[2]) -> f32[2] {
+  %param_0.1 = f32[2]{0} parameter(0)
+  ROOT %multiply.3 = f32[2]{0} multiply(%param_0.1, %param_0.1), metadata={op_name="mul"}
+}
+
+ENTRY %main.9 (Arg_0.1: f32[2]) -> f32[] {
+  %Arg_0.1 = f32[2]{0} parameter(0)
+  %fusion.2 = f32[2]{0} fusion(%Arg_0.1), kind=kLoop, calls=%fused_computation.7
+  %constant.5 = f32[] constant(0)
+  ROOT %reduce.6 = f32[] reduce(%fusion.2, %constant.5), dimensions={0}, to_apply=%add.1
+}
+"""
+
+
+def test_the_step_program_fingerprint_ignores_names_and_metadata_and_sees_any_other_change():
+    """Renamed instructions, computations and module, or other source
+    metadata, give the same fingerprint and counts; another opcode or
+    constant gives another fingerprint."""
+    from benchmarks.profiles import step_program
+
+    renamed = (
+        STEP.replace("%fusion.2", "%fusion.99")
+        .replace("fused_computation.7", "fused_computation.1")
+        .replace("3474__.54", "17077__.191")
+        .replace('op_name="mul"', 'op_name="model/dense/mul"')
+    )
+    counted = step_program.counts(STEP)
+    assert counted == step_program.counts(renamed)
+    assert (counted["instructions"], counted["fusions"], counted["conditionals"]) == (6, 1, 0)
+    for changed in (STEP.replace("multiply(", "add("), STEP.replace("constant(0)", "constant(1)")):
+        assert step_program.counts(changed)["fingerprint"] != counted["fingerprint"]

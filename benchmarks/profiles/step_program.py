@@ -1,0 +1,172 @@
+"""The program XLA compiles for a training step, counted and fingerprinted.
+
+`python -m benchmarks.profiles step_program [--models a,b]` builds each model
+(mixed_float16, `jit_compile=True`, Adam 1e-3, batch 8) under Keras's
+`LossScaleOptimizer` and under keras_als on a wrapped copy, fits one epoch of
+4 steps with XLA's dumps on, and reads the optimized program of the training
+step (`*one_step_on_data*after_optimizations.txt`). For each it prints and
+writes to `benchmarks/results/step_program.{json,md}`: the instructions, the
+fusions and the conditionals of that program, the loss after the epoch, and a
+fingerprint, the sha256 of the program with its names and source metadata
+taken out.
+
+Two commits whose fingerprints agree compile the same step: a change meant to
+move code without changing what it computes (a refactor) can be checked so,
+by running this command at both (for example in a `git worktree` of the
+older one, with this file copied in). The counts say what keras_als adds to
+the step's program, the cost study's measure of its size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import os
+import re
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+
+import keras_als  # noqa: E402
+from benchmarks.harness import hub_tasks, provenance, zoo  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "step_program")
+METHODS = ("keras_lso", "keras_als")
+
+
+def _digits():
+    x, y, _, _ = zoo.digits_data()
+    return zoo.digits_cnn, x[:32], y[:32]
+
+
+def _vit():
+    x, y = hub_tasks.classification_data(32)
+    return hub_tasks.vit_classifier, x, y
+
+
+def _gpt2():
+    x, y = hub_tasks.text_batches(32)
+    return hub_tasks.gpt2_causal_lm, x, y
+
+
+def _t5():
+    x, y = hub_tasks.seq2seq_batches(32)
+    return hub_tasks.t5_seq2seq_lm, x, y
+
+
+MODELS = {"digits_cnn": _digits, "vit": _vit, "gpt2": _gpt2, "t5": _t5}
+"""Each model's name and its (builder, x, y); KerasHub's tiny tasks of the harness."""
+
+
+def normalized(program: str) -> str:
+    """`program` (HLO text) without what names a thing rather than computes it:
+    source metadata and attributes that quote names are dropped, and every
+    `%name` becomes `%vN` in order of first appearance."""
+    program = re.sub(r", metadata=\{[^}]*\}", "", program)
+    program = re.sub(
+        r", (op_name|source_file|frontend_attributes)=(\"[^\"]*\"|\{[^}]*\})", "", program
+    )
+    program = re.sub(r"^HloModule \S+", "HloModule step", program, flags=re.M)
+    names: dict[str, str] = {}
+    program = re.sub(
+        r"%[\w.\-]+", lambda m: names.setdefault(m.group(0), f"%v{len(names)}"), program
+    )
+    return "\n".join(line.strip() for line in program.splitlines() if line.strip())
+
+
+def counts(program: str) -> dict:
+    """Instructions, fusions and conditionals of an HLO text, and its fingerprint."""
+    text = normalized(program)
+    instructions = [line for line in text.splitlines() if " = " in line and "{" not in line[:1]]
+    return {
+        "instructions": len(instructions),
+        "fusions": sum(" fusion(" in line for line in instructions),
+        "conditionals": sum(" conditional(" in line for line in instructions),
+        "fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16],
+    }
+
+
+def dump_programs() -> str:
+    """A new folder XLA dumps every program it compiles to, from now on in this
+    process (XLA reads its flags at its first compile: call this before it)."""
+    folder = tempfile.mkdtemp(prefix="step_program_")
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={folder} --xla_dump_hlo_as_text"
+    return folder
+
+
+def _new_step_program(folder: str, seen: set[str]) -> str:
+    """The largest training-step program dumped to `folder` since `seen` (which it updates)."""
+    found = set(glob.glob(os.path.join(folder, "*one_step_on_data*after_optimizations.txt")))
+    new = sorted(found - seen, key=os.path.getsize)
+    seen |= found
+    if not new:
+        raise RuntimeError(f"XLA dumped no training step to {folder}; was it compiled before?")
+    with open(new[-1]) as f:
+        return f.read()
+
+
+def measure(name: str, method: str, folder: str, seen: set[str]) -> dict:
+    """One model under one method: its step program's counts and its loss."""
+    build, x, y = MODELS[name]()
+    keras.config.set_dtype_policy("mixed_float16")
+    keras.utils.set_random_seed(0)
+    if method == "keras_als":
+        model = keras_als.wrap_model(build())
+        optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    else:
+        model = build()
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=True)
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    keras.config.set_dtype_policy("float32")
+    return {"model": name, "method": method, "loss": history.history["loss"][-1]} | counts(
+        _new_step_program(folder, seen)
+    )
+
+
+def render(saved: dict) -> str:
+    """The markdown table of a saved run."""
+    lines = [
+        "# The training step's compiled program: size and fingerprint",
+        "",
+        f"Generated by `{saved['command']}` (never edit by hand). The plan: the docstring of "
+        "`benchmarks/profiles/step_program.py`.",
+        "",
+        f"- Date: {saved['date']}",
+        f"- Machine: {saved['environment']}",
+        f"- keras_als measured: {saved['provenance']}",
+        "",
+        "| model | method | instructions | fusions | conditionals | loss after 4 steps "
+        "| fingerprint |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in saved["rows"]:
+        lines.append(
+            f"| {row['model']} | {row['method']} | {row['instructions']} | {row['fusions']} "
+            f"| {row['conditionals']} | {row['loss']:.6f} | `{row['fingerprint']}` |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    """Measures every model under both methods; prints and saves the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated")
+    args = parser.parse_args(argv)
+    names = args.models.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"Unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}.")
+    folder, seen = dump_programs(), set()
+    rows = [measure(name, method, folder, seen) for name in names for method in METHODS]
+    command = "python -m benchmarks.profiles step_program" + (f" {' '.join(argv)}" if argv else "")
+    print(render(provenance.save(OUT, command, {"rows": rows}, render)))
+
+
+if __name__ == "__main__":
+    main()
