@@ -27,6 +27,9 @@ SEPARATE = (
     "memory_breakdown",
     "step_breakdown",
     "step_profile",
+    "step_program",
+    "monitor_cost",
+    "margin_sweep",
     "wrap_sweep",
 )
 """Benchmarks run by their own commands; RESULTS.md takes in the tables they wrote."""

@@ -181,7 +181,7 @@ def test_the_default_margin_s_justification_quotes_the_committed_margin_sweep():
     assert min(clean) == keras_als.policies.MaxSafe().margin == 6
 
 
-STEP = """HloModule a_inference_one_step_on_data_3474__.54, entry_computation_layout={(f32[2]{0})->f32[]}
+STEP = """HloModule a_inference_one_step_on_data_3474__.54, entry_computation_layout={()->f32[]}
 
 %fused_computation.7 (param_0.1: f32[2]) -> f32[2] {
   %param_0.1 = f32[2]{0} parameter(0)
