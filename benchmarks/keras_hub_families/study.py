@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
-import time
-import traceback
 
 import keras
 import numpy as np
@@ -26,12 +23,6 @@ BLOCKS = 4
 STEPS_PER_BLOCK = 10
 LEARNING_RATE = 1e-3
 DIAGNOSED_EXAMPLES = 16
-
-
-def _error(exception: BaseException) -> str:
-    """The exception's type and message, on one line, cut to 300 characters."""
-    text = f"{type(exception).__name__}: {exception}".replace("\n", " ")
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)[:300]  # no terminal colours
 
 
 def _rows(x, rows):
@@ -65,7 +56,7 @@ def run_seed(
             weights = reference.get_weights()
         x, test_x = batches.inputs_for(reference, x), batches.inputs_for(reference, test_x)
     except Exception as exception:  # noqa: BLE001 - a family that fails to build is listed
-        return [_failed(name, m, seed, "build: " + _error(exception)) for m in METHODS]
+        return [_failed(name, m, seed, "build: " + training.error_text(exception)) for m in METHODS]
     order = np.random.default_rng(seed).permutation(len(y))[: blocks * steps_per_block * BATCH]
     size = steps_per_block * BATCH
     arms, errors = [], {}
@@ -81,7 +72,7 @@ def run_seed(
                 **compile_arguments,
             )
         except Exception as exception:  # noqa: BLE001
-            errors[method.name] = "build: " + _error(exception)
+            errors[method.name] = "build: " + training.error_text(exception)
             continue
         if method is FALLBACK:
             first = order[:DIAGNOSED_EXAMPLES]
@@ -89,29 +80,13 @@ def run_seed(
                 keras_als.Float32Fallback(_rows(x, first), y[first], verbose=False)
             )
         arms.append(one)
-    for b in range(blocks):
-        rows = order[b * size : (b + 1) * size]
-        turn = b % max(len(arms), 1)
-        for one in arms[turn:] + arms[:turn]:
-            if one.method.name in errors:
-                continue
-            start = time.perf_counter()
-            try:
-                history = one.model.fit(
-                    _rows(x, rows),
-                    y[rows],
-                    batch_size=BATCH,
-                    epochs=1,
-                    shuffle=False,
-                    verbose=0,
-                    callbacks=one.callbacks,
-                )
-            except Exception as exception:  # noqa: BLE001
-                errors[one.method.name] = f"train block {b + 1}: " + _error(exception)
-                traceback.print_exc()
-                continue
-            one.block_seconds.append(time.perf_counter() - start)
-            one.block_losses.append(float(history.history["loss"][-1]))
+    if arms:
+
+        def block(b):
+            rows = order[b * size : (b + 1) * size]
+            return _rows(x, rows), y[rows]
+
+        training.train(arms, block, blocks, BATCH, errors)
     results = []
     for method in METHODS:
         one = next((a for a in arms if a.method is method), None)
@@ -122,7 +97,7 @@ def run_seed(
             outcome = held_out_loss(one.model, test_x, test_y)
         except Exception as exception:  # noqa: BLE001
             outcome = math.nan
-            errors[method.name] = "evaluate: " + _error(exception)
+            errors[method.name] = "evaluate: " + training.error_text(exception)
         run = training.record(one, seed, outcome, steps_per_block)
         row = dataclasses.asdict(run) | {"family": name, "error": errors.get(method.name)}
         if method is FALLBACK:

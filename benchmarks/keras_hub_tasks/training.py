@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 import time
+import traceback
 from collections.abc import Callable
 
 import keras
@@ -99,22 +101,57 @@ def arm(
     return Arm(method, model, optimizer)
 
 
-def train(arms: list[Arm], block: Callable[[int], tuple], blocks: int, batch: int) -> None:
+def error_text(exception: BaseException) -> str:
+    """The exception's type and message, on one line, cut to 300 characters."""
+    text = f"{type(exception).__name__}: {exception}".replace("\n", " ")
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)[:300]  # no terminal colours
+
+
+def train(
+    arms: list[Arm],
+    block: Callable[[int], tuple],
+    blocks: int,
+    batch: int,
+    errors: dict[str, str] | None = None,
+) -> None:
     """Trains every arm on `blocks` blocks (`block(b)` gives block b's `(x, y)`,
-    `batch` examples a step), the arms taking turns within each block."""
+    `batch` examples a step), the arms taking turns within each block.
+
+    With `errors`, an arm whose `fit` raises is recorded there (its method's
+    name: the block and `error_text`) and trains no further, and an arm
+    already named there does not train; without it, the exception propagates."""
     for b in range(blocks):
         x, y = block(b)
         turn = b % len(arms)
         for one in arms[turn:] + arms[:turn]:
+            if errors is not None and one.method.name in errors:
+                continue
             start = time.perf_counter()
-            history = one.model.fit(
-                x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=one.callbacks
-            )
+            try:
+                history = one.model.fit(
+                    x,
+                    y,
+                    batch_size=batch,
+                    epochs=1,
+                    shuffle=False,
+                    verbose=0,
+                    callbacks=one.callbacks,
+                )
+            except Exception as exception:  # noqa: BLE001 - recorded where `errors` is given
+                if errors is None:
+                    raise
+                errors[one.method.name] = f"train block {b + 1}: " + error_text(exception)
+                traceback.print_exc()
+                continue
             one.block_seconds.append(time.perf_counter() - start)
             one.block_losses.append(float(history.history["loss"][-1]))
         print(
             f"  block {b + 1}/{blocks}: "
-            + ", ".join(f"{a.method.name} {a.block_seconds[-1]:.1f} s" for a in arms),
+            + ", ".join(
+                f"{a.method.name} {a.block_seconds[-1]:.1f} s"
+                for a in arms
+                if len(a.block_seconds) == b + 1
+            ),
             flush=True,
         )
 

@@ -103,6 +103,39 @@ def test_an_arm_trains_its_method_s_way_and_the_no_scaling_row_keeps_its_bare_op
     assert [r.scales for r in runs] == [0, 0, 1, 3]
 
 
+def test_an_arm_that_raises_is_recorded_and_left_out_when_errors_are_kept_else_it_raises():
+    """With `errors`, the arm whose `fit` raises in block 2 is named there
+    with the block and the exception, trains no further, and the others
+    train every block; without it the exception propagates."""
+
+    class FailsOnSecondFit(keras.callbacks.Callback):
+        fits = 0
+
+        def on_train_begin(self, logs=None):
+            FailsOnSecondFit.fits += 1
+            if FailsOnSecondFit.fits == 2:
+                raise RuntimeError("no kernel\nfor float16")
+
+    def build():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+    x = np.ones((16, 4), "float32")
+    for errors in ({}, None):
+        FailsOnSecondFit.fits = 0
+        weights = build().get_weights()
+        arms = [training.arm(m, build, weights, keras.optimizers.SGD(0.0), loss="mse")
+                for m in training.METHODS[:2]]  # fmt: skip
+        arms[1].callbacks.append(FailsOnSecondFit())
+        name = arms[1].method.name
+        if errors is None:
+            with pytest.raises(RuntimeError, match="no kernel"):
+                training.train(arms, lambda b: (x, x[:, :1]), blocks=3, batch=8)
+            continue
+        training.train(arms, lambda b: (x, x[:, :1]), blocks=3, batch=8, errors=errors)
+        assert errors == {name: "train block 2: RuntimeError: no kernel for float16"}
+        assert [len(a.block_losses) for a in arms] == [3, 1]
+
+
 def test_arms_given_one_seed_drop_the_same_units_and_without_it_they_differ():
     # The paired comparison needs every method to see the same dropout masks;
     # `weights` do not hold a Dropout layer's seed generator.
