@@ -49,8 +49,14 @@ def _data():
 
 
 class Interrupt(keras.callbacks.Callback):
+    """Raises once the optimizer has applied `step` updates."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
     def on_train_batch_end(self, batch, logs=None):
-        if self.model.optimizer.iterations.numpy() == 17:  # in the second epoch
+        if self.model.optimizer.iterations.numpy() == self.step:
             raise RuntimeError("interrupted")
 
 
@@ -91,7 +97,7 @@ def test_a_run_resumed_by_backup_and_restore_has_the_same_float32_layers_and_los
     assert fallback.applied == [(0, ["adds"])]
 
     with pytest.raises(RuntimeError, match="interrupted"):
-        fit(model_from_code(), Interrupt())
+        fit(model_from_code(), Interrupt(17))  # in the second epoch
     resumed_model = model_from_code()  # a new process would build it so
     assert _float32_layers(resumed_model) == ["head"]
     resumed, losses = fit(resumed_model)
@@ -180,13 +186,8 @@ def test_a_resumed_keras_hub_t5_gets_its_float32_layers_back_and_trains_as_the_u
     applied, expected = fit(uninterrupted)
     assert [step for step, _ in applied.applied] == [0]
 
-    class Interrupt(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            if self.model.optimizer.iterations.numpy() == 12:
-                raise RuntimeError("interrupted")
-
     with pytest.raises(RuntimeError, match="interrupted"):
-        fit(t5_from_code(), Interrupt())
+        fit(t5_from_code(), Interrupt(12))  # in the second epoch
     resumed_model = t5_from_code()
     assert float32_layers(resumed_model) != float32_layers(uninterrupted)
     resumed, losses = fit(resumed_model)
