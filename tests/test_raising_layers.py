@@ -100,3 +100,71 @@ def test_an_error_that_float32_raises_too_is_raised_as_the_model_raises_it():
     assert "broken in any precision" in str(diagnosed.value)
     assert str(diagnosed.value) == str(direct.value)
     assert model.get_layer("adds").compute_dtype == "float16"  # policies restored
+
+
+class AddsPositions(keras.layers.Layer):
+    """Adds the positions 0, 1, ... to its input, counted in its compute dtype
+    as a rotary position embedding counts them: TensorFlow's `Range` has an
+    eager kernel for float16 and none in a graph, so its float16 call runs
+    eagerly and raises where `fit` traces it. With `python_bool`, it also
+    reads a tensor as a Python bool, which no graph allows, in any precision."""
+
+    def __init__(self, python_bool=False, **kwargs):
+        super().__init__(**kwargs)
+        self.python_bool = python_bool
+
+    def call(self, x):
+        if self.python_bool and bool(tf.reduce_all(x > -1e9)):
+            x = x + 0
+        return x + tf.range(0, 4, dtype=x.dtype)
+
+    def compute_output_shape(self, shape):
+        return shape
+
+
+def _positions_model(policy, python_bool=False):
+    keras.config.set_dtype_policy(policy)
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(4, name="first"),
+            AddsPositions(python_bool, name="positions", dtype="float32" if python_bool else None),
+            keras.layers.Dense(1, name="head", dtype="float32"),
+        ]
+    )
+
+
+def test_a_layer_that_raises_in_float16_only_in_a_graph_is_named_and_float32_trains_it():
+    """The float16 call runs eagerly (the eager check alone finds nothing) and
+    fails where `fit` traces it; `diagnose` traces the forward pass too, and
+    `Float32Fallback` trains the model as float32 does (per-epoch losses within
+    1e-3 relative, as the eager case above)."""
+    x, y = _data()
+    model = keras_als.wrap_model(_positions_model("mixed_float16"))
+    assert model(x[:8]).dtype == "float32"  # eagerly it runs
+    found = keras_als.diagnose(model, x[:8], y[:8], loss=keras.losses.MeanSquaredError())
+    [finding] = found.findings
+    assert (finding.layer, finding.reason) == ("positions", "raises")
+    assert finding.error.startswith("ValueError: Unsupported dtype19"), finding.error
+    reference = _positions_model("float32")
+    reference.compile(keras.optimizers.Adam(1e-2), "mse")
+    expected = reference.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-2))
+    model.compile(optimizer, "mse")
+    fallback = keras_als.Float32Fallback(x[:8], y[:8], verbose=False)
+    losses = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=[fallback])
+    assert fallback.applied == [(0, ["positions"])]
+    assert int(optimizer.skipped_steps.numpy()) == 0
+    np.testing.assert_allclose(losses.history["loss"], expected.history["loss"], rtol=1e-3)
+
+
+def test_a_layer_that_no_graph_can_trace_in_any_precision_is_not_moved_to_float32():
+    """Float32 is no fix for a call that reads a tensor as a Python bool: the
+    graph check names nothing, and such a model trains only eagerly."""
+    x, y = _data()
+    model = keras_als.wrap_model(_positions_model("mixed_float16", python_bool=True))
+    with pytest.raises(TypeError):
+        tf.function(lambda inputs: model(inputs, training=True), autograph=False)(x[:8])
+    found = keras_als.diagnose(model, x[:8], y[:8], loss=keras.losses.MeanSquaredError())
+    assert found.layers == []

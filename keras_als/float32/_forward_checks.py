@@ -2,8 +2,9 @@
 
 - `forward_not_finite`: the innermost layers whose float16 output is not
   finite while their inputs are (or whose input overflows in its cast to
-  float16, or whose float16 call raises where its float32 call does not),
-  found again with those in float32 until none is left;
+  float16, or whose float16 call raises where its float32 call does not,
+  run eagerly or traced in a graph as `fit` traces it), found again with
+  those in float32 until none is left;
 - `mixing_layers`: the layers whose call fails once given layers compute in
   float32, because it combines their float32 output with its own float16
   tensors in raw operations (Keras casts a layer's inputs, not the tensors
@@ -127,11 +128,12 @@ def recording_calls(model, record, before=None):
 
 class CallRaised(Exception):
     """The forward pass raised `error` inside the call of the layer at `path`
-    (the innermost whose call had begun and not ended; None: outside any)."""
+    (the innermost whose call had begun and not ended; None: outside any),
+    run eagerly or, `in_graph`, traced in a `tf.function`."""
 
-    def __init__(self, path: str | None, error: BaseException):
+    def __init__(self, path: str | None, error: BaseException, in_graph: bool = False):
         super().__init__(path, error)
-        self.path, self.error = path, error
+        self.path, self.error, self.in_graph = path, error, in_graph
 
 
 def forward_not_finite(model, x) -> list[tuple[str, str, str]]:
@@ -142,10 +144,16 @@ def forward_not_finite(model, x) -> list[tuple[str, str, str]]:
     A layer downstream of one whose output is not finite shows only once that
     one computes in float32, so the forward pass runs again with the layers
     found so far in float32 until it finds no more (policies restored after).
+    Once it finds none eagerly, the forward pass is traced in a graph, as
+    `fit` traces it (`raises_in_a_graph`): some float16 operations run
+    eagerly and have no kernel in a graph.
     A layer whose call raises is tried again in float32 so: where it raises
     again (or the error is outside any layer's call), float32 is no fix, and
     the model is called once more as it is, without hooks, so that the error
-    it raises reaches the caller as calling the model would raise it.
+    it raises reaches the caller as calling the model would raise it. An
+    error raised only in a graph that float32 raises too is left to `fit`,
+    which traces the model: the layers found so far are returned, less the
+    one that raised.
     """
     found: list[tuple[str, str, str]] = []
     errors: dict[str, BaseException] = {}
@@ -153,13 +161,17 @@ def forward_not_finite(model, x) -> list[tuple[str, str, str]]:
         while True:
             try:
                 new = [(p, r, "") for p, r in first_not_finite(model, x)]
+                new = [f for f in new if f[0] not in [p for p, _, _ in found]]
+                if not new:
+                    raises_in_a_graph(model, x)
             except CallRaised as raised:
                 if raised.path is None or raised.path in errors:
+                    if raised.in_graph:  # not float16's doing: fit raises it
+                        return [f for f in found if f[0] != raised.path]
                     error = raised.error
                     break
                 errors[raised.path] = raised.error
                 new = [(raised.path, "raises", error_text(raised.error))]
-            new = [f for f in new if f[0] not in [p for p, _, _ in found]]
             if not new:
                 return found
             found += new
@@ -168,17 +180,48 @@ def forward_not_finite(model, x) -> list[tuple[str, str, str]]:
     raise error  # unless it did not this time
 
 
+def raises_in_a_graph(model, x) -> None:
+    """Traces `model(x, training=True)` in a `tf.function`, as `fit` traces
+    its step, without running it; raises `CallRaised` (`in_graph`) naming
+    the innermost layer whose call raised. TensorFlow has eager kernels for
+    some float16 operations and none in a graph (`tf.range` in float16: a
+    rotary position embedding's), so such a layer raises only here."""
+    calling = []  # the layers whose call has begun and not ended
+
+    def before(layer, args, kwargs):
+        calling.append(layer)
+
+    def record(layer, args, kwargs, outputs):
+        calling.pop()
+
+    traced = tf.function(lambda inputs: model(inputs, training=True))
+    try:
+        with recording_calls(model, record, before):
+            traced.get_concrete_function(x)
+    except Exception as error:  # any error of a layer's call in a graph
+        raised = path(calling[-1], model) if calling else None
+        raise CallRaised(raised, error, in_graph=True) from error
+
+
 def error_text(error: BaseException, longest: int = 240) -> str:
     """`error`'s type and the first line of its own message, at most `longest`
     characters: Keras puts "Exception encountered when calling ..." before the
-    message of an error inside a layer's call, and marks it in bold."""
+    message of an error inside a layer's call, and marks it in bold; an
+    error raised while a `tf.function` traces starts with the frames of
+    "in user code:", and names the error's own type after them."""
     plain = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    name = type(error).__name__
+    if plain.startswith("in user code:"):
+        inner = list(re.finditer(r"^\s+([A-Za-z_]\w*): (.*)$", plain, re.MULTILINE))
+        inner = [m for m in inner if m.group(1).endswith(("Error", "Exception"))]
+        if inner:
+            name, plain = inner[-1].group(1), plain[inner[-1].start(2) :]
     lines = [
         line.strip()
         for line in plain.splitlines()
-        if line.strip() and not line.startswith("Exception encountered when calling")
+        if line.strip() and not line.strip().startswith("Exception encountered when calling")
     ]
-    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    text = f"{name}: {lines[0] if lines else ''}"
     return text if len(text) <= longest else text[: longest - 3] + "..."
 
 

@@ -154,7 +154,10 @@ def diagnose(
     `mixed_float16`) to find layers whose output is not finite while their
     inputs are, or whose call raises (a dtype mismatch inside it) where it
     does not in float32 (again with those in float32, until none is left;
-    an error that float32 raises too is raised as the model raises it), then with
+    an error that float32 raises too is raised as the model raises it);
+    then the forward pass is traced, not run, in a `tf.function`, as `fit`
+    traces it, for a float16 operation with no kernel in a graph (`tf.range`
+    in float16); then with
     every layer computing in float32 (their policies are restored after) to
     measure each layer's gradients: its weights' and its outputs', and
     those into its inputs (where the trainable weights reach them). A layer
