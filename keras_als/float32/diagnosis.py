@@ -60,15 +60,21 @@ class Finding:
             `"mixed"` (its own operations combine a float32 layer's output
             with float16 tensors once the others are in float32: a Swin
             block's attention adds its float16 mask to the scores of a
-            float32 projection) or `"raises"` (its float16 call raises
+            float32 projection), `"raises"` (its float16 call raises
             and its float32 call does not: a float32 constant combined with
-            a float16 tensor inside it).
+            a float16 tensor inside it) or `"overflows"` (in training, not
+            on the diagnosed batch: overflows started in its gradients on
+            `overflows` steps close together although its scale backed off
+            after each, as `Float32Fallback` watches: gradients tiny on most
+            batches and far beyond them on a few, as a LayerNorm's over
+            near-constant inputs are).
         largest: The largest magnitude of its float32 gradients (`"range"`,
             `"input_range"`: of those into its input).
         underflow_share: The share of its non-zero float32 gradients that
             flush to zero in float16 at the largest power-of-two scale at
             which the largest does not overflow (`"range"`, `"input_range"`).
         error: The error's type and the first line of its text (`"raises"`).
+        overflows: The steps on which its overflows started (`"overflows"`).
     """
 
     layer: str
@@ -76,12 +82,19 @@ class Finding:
     largest: float = math.nan
     underflow_share: float = math.nan
     error: str = ""
+    overflows: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         if self.reason == "forward":
             return f"{self.layer}: its float16 output is not finite (its inputs are)"
         if self.reason == "input":
             return f"{self.layer}: its input overflows float16 when cast to it (its compute dtype)"
+        if self.reason == "overflows":
+            steps = ", ".join(str(step) for step in self.overflows)
+            return (
+                f"{self.layer}: overflows started in its gradients on steps {steps}, "
+                "its scale backed off after each"
+            )
         if self.reason == "raises":
             return f"{self.layer}: its float16 call raises (in float32 it runs): {self.error}"
         if self.reason == "mixed":
@@ -205,6 +218,16 @@ def diagnose(
             findings = _range_findings(model, x, y, loss)
         mixed = forward.mixing_layers(model, x, [f.layer for f in findings])
         return Diagnosis(tuple(findings + [Finding(path, "mixed") for path in mixed]))
+
+
+def with_mixing_layers(model: keras.Model, x, findings: list[Finding]) -> Diagnosis:
+    """`findings`, and a `"mixed"` finding for each layer that must compute in
+    float32 too once their layers do (`diagnose`'s last check), measured on
+    `x` with the model's state left as it was."""
+    x = tf.nest.map_structure(tf.convert_to_tensor, x)
+    with forward.state_kept(model):
+        mixed = forward.mixing_layers(model, x, [f.layer for f in findings])
+    return Diagnosis(tuple(findings + [Finding(path, "mixed") for path in mixed]))
 
 
 def _range_findings(model, x, y, loss) -> list[Finding]:

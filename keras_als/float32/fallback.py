@@ -21,10 +21,16 @@ from collections.abc import Callable
 
 import keras
 
+from keras_als.float32 import _forward_checks as forward
 from keras_als.float32.calibration import calibrate
-from keras_als.float32.diagnosis import Diagnosis, diagnose
+from keras_als.float32.diagnosis import Diagnosis, Finding, diagnose, with_mixing_layers
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
+from keras_als.step import _entries
 from keras_als.telemetry import _mistakes
+
+REPEATED_WITHIN = 50
+"""Steps within which `repeated_overflows` overflows starting in one layer
+move it to float32."""
 
 
 class Float32Fallback(keras.callbacks.Callback):
@@ -48,7 +54,13 @@ class Float32Fallback(keras.callbacks.Callback):
     `skipped_in_a_row` steps in a row were skipped, it diagnoses `(x, y)` with
     the current weights; the layers found (not yet in float32) get
     `dtype_policy = "float32"` and the training step is traced again before
-    the next batch (one compilation). At most `rounds` diagnoses per `fit`.
+    the next batch (one compilation). A float16 layer where overflows started
+    on `repeated_overflows` steps within `REPEATED_WITHIN` (50), although
+    its scale backed off after each, joins them (a `"overflows"` finding,
+    with the layers that must compute in float32 with it): its gradients are
+    tiny on most batches and far larger on a few, a span no scale chosen
+    from the batches before holds (a LayerNorm's over near-constant inputs:
+    RWKV7's). At most `rounds` diagnoses per `fit`.
     What it did is in `self.applied` (`(step, layer paths)` pairs) and, with
     `verbose`, printed.
 
@@ -64,6 +76,8 @@ class Float32Fallback(keras.callbacks.Callback):
         loss: `loss(y, y_pred)`, as `diagnose` takes it; None: the model's own.
         skipped_in_a_row: Steps skipped in a row that call for a diagnosis
             even when no layer is named beyond float16.
+        repeated_overflows: Overflows starting in one float16 layer within
+            `REPEATED_WITHIN` steps that move it to float32.
         rounds: Most diagnoses in one `fit`, besides the one at the start.
         at_start: Whether to diagnose and calibrate when `fit` begins, if the
             optimizer has taken no step yet (a resumed `fit` is diagnosed
@@ -99,24 +113,29 @@ class Float32Fallback(keras.callbacks.Callback):
         loss: Callable | None = None,
         skipped_in_a_row: int = 8,
         rounds: int = 3,
+        repeated_overflows: int = 3,
         verbose: bool = True,
         at_start: bool = True,
     ):
         super().__init__()
-        if skipped_in_a_row < 1 or rounds < 1:
+        if min(skipped_in_a_row, rounds, repeated_overflows) < 1:
             raise ValueError(
-                "Float32Fallback(skipped_in_a_row=..., rounds=...) take whole numbers >= 1, "
-                f"got {skipped_in_a_row!r} and {rounds!r}."
+                "Float32Fallback(skipped_in_a_row=..., rounds=..., repeated_overflows=...) "
+                f"take whole numbers >= 1, got {skipped_in_a_row!r}, {rounds!r} and "
+                f"{repeated_overflows!r}."
             )
         self.x, self.y, self.loss = x, y, loss
         self.skipped_in_a_row = skipped_in_a_row
         self.rounds = rounds
+        self.repeated_overflows = repeated_overflows
         self.verbose = verbose
         self.at_start = bool(at_start)
         self.applied: list[tuple[int, list[str]]] = []
         self._diagnoses = 0
         self._skipped = 0
         self._seen: set[str] = set()
+        self._overflow_steps: dict[str, list[int]] = {}  # by scale name: where they started
+        self._overflow_counts: dict[str, int] = {}  # as last read (a resumed run's too)
         self._first_batch = False
         self._model_seen = None  # the model of the last fit
 
@@ -136,7 +155,9 @@ class Float32Fallback(keras.callbacks.Callback):
         weights, since the layers moved to float32 before the interruption
         are float16 again in a model rebuilt from code (its weights and
         optimizer state hold no dtype policy)."""
-        steps = self.model.optimizer.telemetry(warn=False)["steps"]
+        telemetry = self.model.optimizer.telemetry(warn=False)
+        steps = telemetry["steps"]
+        self._overflow_counts = dict(telemetry["overflows"])
         self._skipped = self._skipped_steps()
         resumed = steps > 0 and not self.applied and self._model_seen is not self.model
         self._model_seen = self.model
@@ -165,16 +186,44 @@ class Float32Fallback(keras.callbacks.Callback):
         telemetry = self.model.optimizer.telemetry(warn=False)
         new = set(telemetry["beyond_float16"]) - self._seen
         stuck = telemetry["skipped_in_a_row"] >= self.skipped_in_a_row
-        if not new and not stuck:
+        repeated = self._repeated_overflows(telemetry)
+        if not new and not stuck and not repeated:
             return
         self._seen |= new
         self._diagnoses += 1
-        self._diagnose(telemetry["steps"])
+        self._diagnose(telemetry["steps"], repeated)
 
-    def _diagnose(self, step: int) -> bool:
+    def _repeated_overflows(self, telemetry: dict) -> list[Finding]:
+        """The float16 layers where overflows started on `repeated_overflows`
+        steps within `REPEATED_WITHIN`, as findings (the overflows' steps).
+        Read after every skipped step, so at most one new start a layer."""
+        found = []
+        for owner, _, name in _entries.scaled(self.model.optimizer.scaling):
+            count = telemetry["overflows"].get(name, 0)
+            steps = self._overflow_steps.setdefault(name, [])
+            if count > self._overflow_counts.get(name, 0):
+                steps.append(telemetry["last_overflow_step"][name])
+            self._overflow_counts[name] = count
+            recent = steps[-self.repeated_overflows :]
+            if (
+                len(recent) == self.repeated_overflows
+                and recent[-1] - recent[0] < REPEATED_WITHIN
+                and owner.layer.compute_dtype == "float16"
+            ):
+                path = forward.path(owner.layer, self.model)
+                found.append(Finding(path, "overflows", overflows=tuple(recent)))
+        return found
+
+    def _diagnose(self, step: int, repeated: list[Finding] = ()) -> bool:
         """Diagnoses `(x, y)` and computes the layers found, not yet in float32,
-        in float32; whether there were any."""
+        with the layers of `repeated` and those that must go with them, in
+        float32; whether there were any."""
         found = diagnose(self.model, self.x, self.y, loss=self.loss)
+        if repeated:
+            named = set(found.layers)
+            kept = [f for f in found.findings if f.reason != "mixed"]
+            extra = [f for f in repeated if f.layer not in named]
+            found = with_mixing_layers(self.model, self.x, kept + extra)
         layers = [p for p in found.layers if p not in _float32_paths(self.applied)]
         if not layers:
             return False
