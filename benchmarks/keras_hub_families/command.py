@@ -61,9 +61,12 @@ def _lost(name: str, seed: int, why: str) -> list[dict]:
     return [study._failed(name, m, seed, why) for m in study.METHODS]
 
 
-def sweep(names: list[str], seeds: list[int], deadline: float) -> tuple[list[dict], list[str]]:
-    """Every family of `names` on each seed (seed-major), each in a subprocess;
-    returns the rows and the `family seed` pairs not started by `deadline`."""
+def sweep(
+    names: list[str], seeds: list[int], deadline: float, family_seconds: float = FAMILY_SECONDS
+) -> tuple[list[dict], list[str]]:
+    """Every family of `names` on each seed (seed-major), each in a subprocess
+    stopped after `family_seconds`; returns the rows and the `family seed`
+    pairs not started by `deadline`."""
     rows: list[dict] = []
     not_run: list[str] = []
     for seed in seeds:
@@ -84,10 +87,10 @@ def sweep(names: list[str], seeds: list[int], deadline: float) -> tuple[list[dic
                 time.sleep(2)
                 lines = _lines(path)
                 if lines and "started" in lines[-1]:
-                    if time.time() - lines[-1]["at"] > FAMILY_SECONDS:
+                    if time.time() - lines[-1]["at"] > family_seconds:
                         process.kill()
                         process.wait()
-                        why = f"timed out after {FAMILY_SECONDS} s"
+                        why = f"timed out after {family_seconds:g} s"
             lines = _lines(path)
             os.remove(path)
             done = [line for line in lines if "rows" in line]
@@ -126,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1,2", help="comma-separated (default 1,2)")
     parser.add_argument("--out", help="output folder (default benchmarks/results)")
     parser.add_argument(
+        "--family-seconds",
+        type=float,
+        default=FAMILY_SECONDS,
+        help=f"time limit of one family's seed (default {FAMILY_SECONDS}: the plan's)",
+    )
+    parser.add_argument(
         "--render", action="store_true", help="measure nothing: rewrite the .md from the .json"
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -146,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown families {sorted(unknown)}; known: {', '.join(families.FAMILIES)}")
     start = time.perf_counter()
-    rows, not_run = sweep(names, seeds, time.time() + BUDGET_SECONDS)
+    rows, not_run = sweep(names, seeds, time.time() + BUDGET_SECONDS, args.family_seconds)
     argv = sys.argv[1:] if argv is None else argv
     results = {
         "study": "keras_hub_families",
