@@ -76,6 +76,15 @@ The plan (written before the first number; a change after a run is said here):
   then run by `--families <all but basnet> --seeds 2` (37 minutes on one
   core), which keeps the seed 1 runs: every verdict but BASNet's uses both
   seeds and their noise.
+- Re-runs after two changes to keras_als (the plan unchanged): `diagnose`
+  now also traces the forward pass in a graph, where the rotary embeddings'
+  float16 `range` raises, so RoFormerV2 and ESM were run again on both
+  seeds (`--families roformer_v2,esm2`) and get verdicts; `Float32Fallback`
+  now moves a layer where overflows started on 3 steps within 50, so
+  RWKV7 was run again (`--families rwkv7`). The rule needs 3 skipped steps
+  in one run: no other family's fallback run skipped more than 2, so their
+  runs stand. BASNet's seed 1 was run to its end with `--family-seconds`
+  above the plan's 600 s (its time is in its rows), on a core of its own.
 
 Modules: `families` (the builders and their data), `study` (one family's run),
 `report` (the verdicts and the table), `command` (the command line).

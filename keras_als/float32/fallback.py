@@ -9,15 +9,17 @@ whose weights hold no dtype policy) is diagnosed again before its first step.
 Then, when the optimizer's telemetry says a layer's gradients outran it
 (`telemetry()["beyond_float16"]`: an overflow started there at a scale below
 1), or the steps keep being skipped (a forward pass that is not finite in
-float16 overflows at every scale), it diagnoses the batch again, with the
-weights as they are, computes the layers it names in float32 and traces the
-training step again, once per new finding. Until then it reads one variable
+float16 overflows at every scale), or overflows keep starting in one layer
+(gradients far larger on a few batches than on the others), it diagnoses
+the batch again, with the weights as they are, computes the layers it names
+(and that layer) in float32 and traces the training step again, once per
+new finding. Until then it reads one variable
 before each batch, and leaves `fit`'s asynchronous dispatch of the other
 callbacks on (it has no `on_train_batch_end`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import keras
 
@@ -76,9 +78,9 @@ class Float32Fallback(keras.callbacks.Callback):
         loss: `loss(y, y_pred)`, as `diagnose` takes it; None: the model's own.
         skipped_in_a_row: Steps skipped in a row that call for a diagnosis
             even when no layer is named beyond float16.
+        rounds: Most diagnoses in one `fit`, besides the one at the start.
         repeated_overflows: Overflows starting in one float16 layer within
             `REPEATED_WITHIN` steps that move it to float32.
-        rounds: Most diagnoses in one `fit`, besides the one at the start.
         at_start: Whether to diagnose and calibrate when `fit` begins, if the
             optimizer has taken no step yet (a resumed `fit` is diagnosed
             either way).
@@ -214,7 +216,7 @@ class Float32Fallback(keras.callbacks.Callback):
                 found.append(Finding(path, "overflows", overflows=tuple(recent)))
         return found
 
-    def _diagnose(self, step: int, repeated: list[Finding] = ()) -> bool:
+    def _diagnose(self, step: int, repeated: Sequence[Finding] = ()) -> bool:
         """Diagnoses `(x, y)` and computes the layers found, not yet in float32,
         with the layers of `repeated` and those that must go with them, in
         float32; whether there were any."""

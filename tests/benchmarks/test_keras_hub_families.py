@@ -139,3 +139,10 @@ def test_a_later_command_keeps_the_earlier_runs_of_other_families_and_seeds(tmp_
     ]
     assert merged["not_run"] == ["bert (seed 2)", "whisper (seed 2)"]
     assert merged["kept"] == [{"command": earlier["command"], "date": "then", "runs": 1}]
+
+
+def test_the_recorded_command_leaves_out_the_output_folder():
+    from benchmarks.keras_hub_families.command import without_out
+
+    argv = ["--families", "bert", "--out", "/tmp/x", "--seeds", "1", "--out=/tmp/y"]
+    assert without_out(argv) == ["--families", "bert", "--seeds", "1"]
