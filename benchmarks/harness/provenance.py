@@ -14,7 +14,8 @@ import tensorflow as tf
 
 
 def code() -> str:
-    """The keras_als code measured: git commit, uncommitted files, hash of the sources."""
+    """The keras_als code measured: git commit, uncommitted files, hash of the
+    sources (every `.py` file of the package and its sub-packages, with its path)."""
     import glob
     import hashlib
     import subprocess
@@ -26,7 +27,9 @@ def code() -> str:
         return done.stdout.strip() if done.returncode == 0 else "unknown"
 
     digest = hashlib.sha256()
-    for path in sorted(glob.glob(os.path.join(root, "keras_als", "*.py"))):
+    package = os.path.join(root, "keras_als")
+    for path in sorted(glob.glob(os.path.join(package, "**", "*.py"), recursive=True)):
+        digest.update(os.path.relpath(path, package).encode())  # a moved file changes it
         with open(path, "rb") as f:
             digest.update(f.read())
     dirty = ", ".join(
@@ -35,7 +38,7 @@ def code() -> str:
     return (
         f"commit {git('rev-parse', '--short', 'HEAD')}"
         + (f", uncommitted changes: {dirty}" if dirty else ", clean")
-        + f"; sha256 of keras_als/*.py {digest.hexdigest()[:12]}"
+        + f"; sha256 of keras_als/**/*.py {digest.hexdigest()[:12]}"
     )
 
 

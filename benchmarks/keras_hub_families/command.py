@@ -157,9 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows, not_run = sweep(names, seeds, time.time() + BUDGET_SECONDS, args.family_seconds)
     argv = without_out(sys.argv[1:] if argv is None else argv)
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    for row in rows:
+        row["measured_by"] = date  # the run's date: its `kept` entry names it later
     results = {
         "study": "keras_hub_families",
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": date,
         "command": " ".join(["python -m benchmarks.keras_hub_families", *argv]),
         "seconds": time.perf_counter() - start,
         "environment": provenance.environment(),
@@ -188,8 +191,10 @@ def without_out(argv: list[str]) -> list[str]:
 
 def kept_from_earlier(results: dict, path: str) -> dict:
     """`results`, with the runs of the file at `path` (if any) whose family and
-    seed were not run now kept, and the command and date that made them
-    (`"kept"`); `not_run` keeps the earlier pairs that are still not run."""
+    seed were not run now kept, and, in `"kept"`, each earlier command that
+    measured some of them: its date, the keras_als code it measured and how
+    many family-seed pairs of it are kept (each row's `measured_by` is its
+    command's date); `not_run` keeps the earlier pairs that are still not run."""
     if not os.path.exists(path):
         return results
     with open(path) as f:
@@ -198,12 +203,23 @@ def kept_from_earlier(results: dict, path: str) -> dict:
     others = [r for r in earlier["runs"] if (r["family"], r["seed"]) not in now]
     if not others:
         return results
-    pairs = sorted({(r["family"], r["seed"]) for r in others})
-    source = {"command": earlier["command"], "date": earlier["date"], "runs": len(pairs)}
+    own = {"command": earlier["command"], "date": earlier["date"]}
+    own["code"] = earlier.get("provenance")
+    kept = []
+    for source in [*earlier.get("kept", []), own]:
+        pairs = {
+            (r["family"], r["seed"])
+            for r in others
+            if r.get("measured_by", earlier["date"]) == source["date"]
+        }
+        if pairs:
+            kept.append(
+                {k: source.get(k) for k in ("command", "date", "code")} | {"runs": len(pairs)}
+            )
     not_run = [n for n in earlier.get("not_run", []) if _pair(n) not in now]
     return results | {
         "runs": others + results["runs"],
-        "kept": [*earlier.get("kept", []), source],
+        "kept": kept,
         "not_run": sorted(set(not_run) | set(results["not_run"]), key=_order),
     }
 

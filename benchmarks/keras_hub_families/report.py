@@ -176,7 +176,8 @@ def markdown(results: dict, order: list[str]) -> str:
         f"- Machine: {results['environment']}",
         f"- keras_als measured: {results['provenance']}",
         *(
-            f"- Runs of {k['runs']} family-seed pairs kept from `{k['command']}` ({k['date']})"
+            f"- Kept: {k['runs']} family-seed pairs measured by `{k['command']}` ({k['date']}; "
+            + (f"keras_als {k['code']})" if k.get("code") else "keras_als code not recorded)")
             for k in results.get("kept", [])
         ),
         "- Verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())),

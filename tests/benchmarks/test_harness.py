@@ -1,6 +1,9 @@
 """What the studies share (benchmarks/harness): ablations, worker processes,
 build order and the memory readers."""
 
+import importlib.util
+import os
+
 import pytest
 
 
@@ -194,3 +197,28 @@ def test_memory_reads_the_total_and_the_peak_of_the_largest_compiled_step(tmp_pa
     dump("0002", 1024, "1 000")  # a smaller compiled version of the step
     assert xla_memory.xla_total(str(tmp_path)) == 3225614
     assert xla_memory.xla_peak(str(tmp_path)) == 2571526
+
+
+def test_the_code_hash_covers_the_sub_packages(tmp_path, monkeypatch):
+    """A change in `keras_als/float32/` changes the recorded hash, as one in
+    `keras_als/` does (the hash read every sub-package's sources)."""
+    import shutil
+
+    from benchmarks.harness import provenance
+
+    root = tmp_path / "repo"
+    (root / "benchmarks" / "harness").mkdir(parents=True)
+    shutil.copytree(
+        os.path.join(os.path.dirname(provenance.__file__), "..", "..", "keras_als"),
+        root / "keras_als",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    copy = root / "benchmarks" / "harness" / "provenance.py"
+    shutil.copy(provenance.__file__, copy)
+    spec = importlib.util.spec_from_file_location("provenance_copy", copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    before = module.code().split("sha256 of keras_als/**/*.py ")[1]
+    with open(root / "keras_als" / "float32" / "fallback.py", "a") as f:
+        f.write("\n# changed\n")
+    assert module.code().split("sha256 of keras_als/**/*.py ")[1] != before

@@ -138,7 +138,40 @@ def test_a_later_command_keeps_the_earlier_runs_of_other_families_and_seeds(tmp_
         ("whisper", 6.0),
     ]
     assert merged["not_run"] == ["bert (seed 2)", "whisper (seed 2)"]
-    assert merged["kept"] == [{"command": earlier["command"], "date": "then", "runs": 1}]
+    assert merged["kept"] == [
+        {"command": earlier["command"], "date": "then", "code": None, "runs": 1}
+    ]
+
+
+def test_each_kept_command_counts_the_pairs_it_measured_itself(tmp_path):
+    """Three runs in turn: the third's file names the first command for the
+    pair only it measured and the second for its own, with their code."""
+    import json
+
+    from benchmarks.keras_hub_families import command
+
+    def run(name, date, code, runs):
+        return {"command": name, "date": date, "provenance": code, "not_run": [], "runs": runs}
+
+    def measured(family, seed, date):
+        return _row(family, "float32", seed, 0.7) | {"measured_by": date}
+
+    path = tmp_path / "keras_hub_families.json"
+    first = run("one", "d1", "commit a", [measured("bert", 1, "d1"), measured("gpt2", 1, "d1")])
+    path.write_text(json.dumps(first))
+    second = command.kept_from_earlier(
+        run("two", "d2", "commit b", [measured("gpt2", 1, "d2")]), str(path)
+    )
+    path.write_text(json.dumps(second))
+    third = command.kept_from_earlier(
+        run("three", "d3", "commit c", [measured("t5", 1, "d3")]), str(path)
+    )
+    assert third["kept"] == [
+        {"command": "one", "date": "d1", "code": "commit a", "runs": 1},
+        {"command": "two", "date": "d2", "code": "commit b", "runs": 1},
+    ]
+    text = report.markdown(third | {"seconds": 1.0, "environment": "e"}, ["bert", "gpt2", "t5"])
+    assert "- Kept: 1 family-seed pairs measured by `one` (d1; keras_als commit a)" in text
 
 
 def test_the_recorded_command_leaves_out_the_output_folder():
