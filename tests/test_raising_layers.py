@@ -37,14 +37,15 @@ class AddsFloat32(keras.layers.Layer):
         return shape
 
 
-def _model(policy, always=False):
+def _model(policy, always=False, middle=None):
+    """Dense, then `middle` (by default `AddsFloat32(always)`), then a float32 head."""
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(0)
     return keras.Sequential(
         [
             keras.Input((4,)),
             keras.layers.Dense(4, name="first"),
-            AddsFloat32(always, name="adds"),
+            middle or AddsFloat32(always, name="adds"),
             keras.layers.Dense(1, name="head", dtype="float32"),
         ]
     )
@@ -123,16 +124,9 @@ class AddsPositions(keras.layers.Layer):
 
 
 def _positions_model(policy, python_bool=False):
-    keras.config.set_dtype_policy(policy)
-    keras.utils.set_random_seed(0)
-    return keras.Sequential(
-        [
-            keras.Input((4,)),
-            keras.layers.Dense(4, name="first"),
-            AddsPositions(python_bool, name="positions", dtype="float32" if python_bool else None),
-            keras.layers.Dense(1, name="head", dtype="float32"),
-        ]
-    )
+    keras.config.set_dtype_policy(policy)  # before the layer takes its policy
+    dtype = "float32" if python_bool else None
+    return _model(policy, middle=AddsPositions(python_bool, name="positions", dtype=dtype))
 
 
 def test_a_layer_that_raises_in_float16_only_in_a_graph_is_named_and_float32_trains_it():

@@ -78,15 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 def recorded_command(argv: list[str]) -> str:
     """The command that made the results, as anyone reruns it: without
     `--out` (where they were written changes no number)."""
-    kept, skip = [], False
-    for argument in argv:
-        if skip:
-            skip = False
-        elif argument == "--out":
-            skip = True
-        elif not argument.startswith("--out="):
-            kept.append(argument)
-    return " ".join(["python -m benchmarks.flat_regions", *kept])
+    return provenance.recorded_command("benchmarks.flat_regions", argv)
 
 
 def kept_from_earlier(

@@ -42,6 +42,21 @@ def code() -> str:
     )
 
 
+def recorded_command(module: str, argv: list[str]) -> str:
+    """`python -m module` with `argv` less `--out FOLDER`: the command as
+    anyone reruns it (where the results were written changes no number, and
+    a folder outside the repository has no place in them)."""
+    kept, skip = [], False
+    for argument in argv:
+        if skip:
+            skip = False
+        elif argument == "--out":
+            skip = True
+        elif not argument.startswith("--out="):
+            kept.append(argument)
+    return " ".join([f"python -m {module}", *kept])
+
+
 def environment() -> str:
     """The machine, Python and the library versions."""
     return (

@@ -156,14 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown families {sorted(unknown)}; known: {', '.join(families.FAMILIES)}")
     start = time.perf_counter()
     rows, not_run = sweep(names, seeds, time.time() + BUDGET_SECONDS, args.family_seconds)
-    argv = without_out(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     for row in rows:
         row["measured_by"] = date  # the run's date: its `kept` entry names it later
     results = {
         "study": "keras_hub_families",
         "date": date,
-        "command": " ".join(["python -m benchmarks.keras_hub_families", *argv]),
+        "command": provenance.recorded_command("benchmarks.keras_hub_families", argv),
         "seconds": time.perf_counter() - start,
         "environment": provenance.environment(),
         "provenance": provenance.code(),
@@ -173,20 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     return _write(
         kept_from_earlier(results, os.path.join(folder, "keras_hub_families.json")), folder
     )
-
-
-def without_out(argv: list[str]) -> list[str]:
-    """`argv` less `--out FOLDER`: where the files went is no part of the run,
-    and a folder outside the repository has no place in its results."""
-    kept, skip = [], False
-    for argument in argv:
-        if skip:
-            skip = False
-        elif argument == "--out":
-            skip = True
-        elif not argument.startswith("--out="):
-            kept.append(argument)
-    return kept
 
 
 def kept_from_earlier(results: dict, path: str) -> dict:
