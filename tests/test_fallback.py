@@ -87,9 +87,9 @@ def test_it_reads_the_skip_counter_before_each_batch_and_leaves_fit_s_async_logs
 
 def test_where_float16_holds_it_diagnoses_once_at_the_start_and_changes_no_layer(monkeypatch):
     calls = []
-    real = fallback_module.diagnose
+    real = fallback_module.diagnosed_with
     monkeypatch.setattr(
-        fallback_module, "diagnose", lambda *a, **k: calls.append(a) or real(*a, **k)
+        fallback_module, "diagnosed_with", lambda *a, **k: calls.append(a) or real(*a, **k)
     )
     model, optimizer, x, y = _dense_model(0.1)
     fallback = keras_als.Float32Fallback(x[:8], y[:8])
@@ -107,13 +107,13 @@ def test_a_diagnosis_that_finds_nothing_leaves_training_bit_identical(monkeypatc
     from tests.test_diagnosis import normalized_model
 
     calls = []
-    real = fallback_module.diagnose
+    real = fallback_module.diagnosed_with
 
     def counted(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fallback_module, "diagnose", counted)
+    monkeypatch.setattr(fallback_module, "diagnosed_with", counted)
     trained = []
     for with_fallback in (False, True):
         model, x, y = normalized_model()

@@ -126,6 +126,23 @@ def recording_calls(model, record, before=None):
                 object.__delattr__(layer, "call")
 
 
+@contextlib.contextmanager
+def layers_calling(model):
+    """While the context is open, the list it yields holds the layers of
+    `model` whose call has begun and not ended, innermost last: after a call
+    raised, the layer it raised in is last."""
+    calling = []
+
+    def before(layer, args, kwargs):
+        calling.append(layer)
+
+    def record(layer, args, kwargs, outputs):
+        calling.pop()
+
+    with recording_calls(model, record, before):
+        yield calling
+
+
 class CallRaised(Exception):
     """The forward pass raised `error` inside the call of the layer at `path`
     (the innermost whose call had begun and not ended; None: outside any),
@@ -186,21 +203,13 @@ def raises_in_a_graph(model, x) -> None:
     the innermost layer whose call raised. TensorFlow has eager kernels for
     some float16 operations and none in a graph (`tf.range` in float16: a
     rotary position embedding's), so such a layer raises only here."""
-    calling = []  # the layers whose call has begun and not ended
-
-    def before(layer, args, kwargs):
-        calling.append(layer)
-
-    def record(layer, args, kwargs, outputs):
-        calling.pop()
-
     traced = tf.function(lambda inputs: model(inputs, training=True))
-    try:
-        with recording_calls(model, record, before):
+    with layers_calling(model) as calling:
+        try:
             traced.get_concrete_function(x)
-    except Exception as error:  # any error of a layer's call in a graph
-        raised = path(calling[-1], model) if calling else None
-        raise CallRaised(raised, error, in_graph=True) from error
+        except Exception as error:  # any error of a layer's call in a graph
+            raised = path(calling[-1], model) if calling else None
+            raise CallRaised(raised, error, in_graph=True) from error
 
 
 def error_text(error: BaseException, longest: int = 240) -> str:
@@ -281,21 +290,11 @@ def mixing_layers(model, x, paths: list[str]) -> list[str]:
     with the layers found so far in float32; the innermost layer whose call
     raised joins them."""
     found, added = list(paths), []
-    calling = []  # the layers whose call has begun and not ended
-
-    def before(layer, args, kwargs):
-        calling.append(layer)
-
-    def record(layer, args, kwargs, outputs):
-        calling.pop()
-
     while found:
-        calling.clear()
-        with policies_kept(model):
+        with policies_kept(model), layers_calling(model) as calling:
             to_float32(layers_by_path(model, found))
             try:
-                with recording_calls(model, record, before):
-                    model(x, training=True)
+                model(x, training=True)
                 return added
             except (TypeError, tf.errors.InvalidArgumentError):
                 raised = path(calling[-1], model) if calling else None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import keras
 import numpy as np
@@ -208,6 +208,15 @@ def diagnose(
     []
     >>> keras.config.set_dtype_policy("float32")
     """
+    return diagnosed_with(model, x, y, loss)
+
+
+def diagnosed_with(
+    model: keras.Model, x, y=None, loss: Callable | None = None, also: Sequence[Finding] = ()
+) -> Diagnosis:
+    """`diagnose(model, x, y, loss)`, with the findings of `also` whose layers
+    it does not name (`Float32Fallback`'s, from training) among those whose
+    mixing layers its last check finds."""
     _mistakes.measurable(model, loss, "keras_als.diagnose")
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
     with forward.state_kept(model):
@@ -216,18 +225,10 @@ def diagnose(
             findings = [Finding(path, reason, error=error) for path, reason, error in not_finite]
         else:
             findings = _range_findings(model, x, y, loss)
+        named = {f.layer for f in findings}
+        findings += [f for f in also if f.layer not in named]
         mixed = forward.mixing_layers(model, x, [f.layer for f in findings])
         return Diagnosis(tuple(findings + [Finding(path, "mixed") for path in mixed]))
-
-
-def with_mixing_layers(model: keras.Model, x, findings: list[Finding]) -> Diagnosis:
-    """`findings`, and a `"mixed"` finding for each layer that must compute in
-    float32 too once their layers do (`diagnose`'s last check), measured on
-    `x` with the model's state left as it was."""
-    x = tf.nest.map_structure(tf.convert_to_tensor, x)
-    with forward.state_kept(model):
-        mixed = forward.mixing_layers(model, x, [f.layer for f in findings])
-    return Diagnosis(tuple(findings + [Finding(path, "mixed") for path in mixed]))
 
 
 def _range_findings(model, x, y, loss) -> list[Finding]:

@@ -25,7 +25,7 @@ import keras
 
 from keras_als.float32 import _forward_checks as forward
 from keras_als.float32.calibration import calibrate
-from keras_als.float32.diagnosis import Diagnosis, Finding, diagnose, with_mixing_layers
+from keras_als.float32.diagnosis import Diagnosis, Finding, diagnosed_with
 from keras_als.optimizer import AdaptiveLossScaleOptimizer
 from keras_als.step import _entries
 from keras_als.telemetry import _mistakes
@@ -220,12 +220,7 @@ class Float32Fallback(keras.callbacks.Callback):
         """Diagnoses `(x, y)` and computes the layers found, not yet in float32,
         with the layers of `repeated` and those that must go with them, in
         float32; whether there were any."""
-        found = diagnose(self.model, self.x, self.y, loss=self.loss)
-        if repeated:
-            named = set(found.layers)
-            kept = [f for f in found.findings if f.reason != "mixed"]
-            extra = [f for f in repeated if f.layer not in named]
-            found = with_mixing_layers(self.model, self.x, kept + extra)
+        found = diagnosed_with(self.model, self.x, self.y, self.loss, repeated)
         layers = [p for p in found.layers if p not in _float32_paths(self.applied)]
         if not layers:
             return False
