@@ -61,6 +61,27 @@ def without_crossing_reductions() -> contextlib.AbstractContextManager:
     return _replaced("_crossings", "Crossings", lambda _: _NoReductions)
 
 
+def _joins_left_out(crossings_class):
+    import keras
+
+    class JoinsLeftOut(crossings_class):
+        def arrived(self, boundary, gradients):
+            layer = getattr(boundary.owner, "layer", boundary.owner)  # a hook's layer
+            if isinstance(layer, keras.layers.Concatenate):
+                return None
+            return super().arrived(boundary, gradients)
+
+    return JoinsLeftOut
+
+
+def without_concatenation_reductions() -> contextlib.AbstractContextManager:
+    """Steps traced inside leave out the reductions of the gradients crossing
+    the boundaries of `Concatenate` layers alone, each a slice of the
+    concatenation's gradient (ablation only: those components' scales then
+    come from their other statistics)."""
+    return _replaced("_crossings", "Crossings", _joins_left_out)
+
+
 def without_boundary_rescaling() -> contextlib.AbstractContextManager:
     """Steps traced inside leave the boundaries' rescaling out, division and
     multiplication alike (right only where every divisor is 1: every scale
@@ -113,6 +134,7 @@ def crossings_never_wait() -> contextlib.AbstractContextManager:
 
 NAMED = {
     "no_crossing_reductions": without_crossing_reductions,
+    "no_concatenation_reductions": without_concatenation_reductions,
     "crossings_reduced_last": crossings_reduced_last,
     "crossings_reduced_early": crossings_reduced_early,
     "crossings_never_wait": crossings_never_wait,

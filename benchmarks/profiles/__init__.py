@@ -9,6 +9,8 @@ module with its own command, `python -m benchmarks.profiles NAME [ARGS]`
 
 PROFILES = {
     "step_profile": "Where does a real model's compiled step spend the time keras_als adds?",
+    "first_step": "Where does a real-size model's compiled first step spend the time "
+    "keras_als adds: tracing, TensorFlow-to-XLA, or XLA?",
     "trace_profile": "Where does a real model's first step without XLA spend the time "
     "keras_als adds: tracing, or TensorFlow's graph work?",
     "variable_cost": "What does each variable a compiled step updates cost it?",

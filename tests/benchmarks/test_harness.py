@@ -40,6 +40,36 @@ def test_the_memory_and_step_time_ablations_leave_the_crossing_reductions_out_an
     assert reductions() == {id(boundary): 3.0}
 
 
+def test_the_concatenation_ablation_leaves_out_only_the_gradients_crossing_into_a_join():
+    import keras
+    import tensorflow as tf
+
+    from benchmarks.harness import ablations
+    from keras_als.step import _crossings
+
+    class Owner:  # a hook: the boundaries' owner holds its layer
+        def __init__(self, layer):
+            self.layer = layer
+
+    join = Owner(keras.layers.Concatenate())
+    dense = Owner(keras.layers.Dense(2))
+
+    def reduced():
+        graph = tf.Graph()
+        with graph.as_default():
+            crossings = _crossings.Crossings(graph, None, False)
+            for owner in (join, dense):
+                boundary = type("Boundary", (), {"owner": owner})()
+                crossings.arrived(boundary, [tf.constant([[-3.0, 2.0]])])
+            crossings.finish()
+            return len(crossings.reduced)
+
+    assert reduced() == 2
+    with ablations.named("no_concatenation_reductions"):
+        assert reduced() == 1
+    assert reduced() == 2
+
+
 def test_the_rescaling_ablation_hands_the_crossing_gradient_on_as_it_arrived_and_only_inside():
     """`without_boundary_rescaling` (the step breakdown's `no_boundary_rescaling`)
     leaves a boundary's gradient as it arrives, for a boundary that divides (rank

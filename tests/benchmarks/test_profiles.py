@@ -214,3 +214,73 @@ def test_the_step_program_fingerprint_ignores_names_and_metadata_and_sees_any_ot
     assert (counted["instructions"], counted["fusions"], counted["conditionals"]) == (6, 1, 0)
     for changed in (STEP.replace("multiply(", "add("), STEP.replace("constant(0)", "constant(1)")):
         assert step_program.counts(changed)["fingerprint"] != counted["fingerprint"]
+
+
+def test_the_first_step_profile_counts_fusions_equal_but_for_names_as_one_kernel():
+    from benchmarks.profiles import first_step
+
+    def fusion(name, offset):
+        return (
+            f"%{name} (p.{offset}: f32[8], q.{offset}: f32[4]) -> f32[8] {{\n"
+            f"  %p.{offset} = f32[8]{{0}} parameter(0)\n"
+            f"  %q.{offset} = f32[4]{{0}} parameter(1)\n"
+            f"  %s.{offset} = f32[1]{{0}} slice(%q.{offset}), slice={{[{offset}:{offset + 1}]}}\n"
+            f"  %b.{offset} = f32[] bitcast(%s.{offset})\n"
+            f"  %r.{offset} = f32[8]{{0}} broadcast(%b.{offset}), dimensions={{}}\n"
+            f"  ROOT %m.{offset} = f32[8]{{0}} multiply(%p.{offset}, %r.{offset})\n"
+            "}\n"
+        )
+
+    # Two fusions that slice the same offset compute the same thing under other
+    # names: one kernel. A third slicing another offset is a kernel of its own.
+    program = (
+        fusion("fused_computation", 0)
+        + fusion("fused_computation.1", 0).replace("p.0", "x.7").replace("q.0", "y.7")
+        + fusion("wrapped_multiply_computation", 2)
+        + "ENTRY %main (a: f32[8]) -> f32[8] {\n  ROOT %a = f32[8]{0} parameter(0)\n}\n"
+    )
+    assert first_step.kernels(program) == (3, 2)
+
+
+def test_the_first_step_profile_counts_the_operations_of_nested_functions_once():
+    import tensorflow as tf
+
+    from benchmarks.profiles import first_step
+
+    @tf.function
+    def flat(x):
+        return x * 2.0 + 1.0
+
+    @tf.function
+    def branching(x):
+        return tf.cond(x > 0, lambda: x * 2.0 + 1.0, lambda: x - 1.0)
+
+    spec = tf.TensorSpec([], tf.float32)
+    flat_count = first_step.operations(flat.get_concrete_function(spec).graph)
+    # x, 2, mul, 1, add, identity of the result.
+    assert flat_count == 6
+    branching_count = first_step.operations(branching.get_concrete_function(spec).graph)
+    # The branches' operations are counted beside the outer graph's.
+    outer = len(branching.get_concrete_function(spec).graph.get_operations())
+    assert branching_count > outer + 5
+
+
+def test_the_first_step_profile_table_gives_each_total_over_keras():
+    from benchmarks.profiles import first_step
+
+    def row(variant, seconds):
+        parts = {p: seconds / 4 for p in first_step.PARTS}
+        spreads = {f"{p}_spread": 0.01 for p in first_step.PARTS}
+        counts = {"operations": 10, "fusions": 5, "kernels": 3}
+        return {"model": "m", "variant": variant, **parts, **spreads, **counts}
+
+    saved = {
+        "command": "python -m benchmarks.profiles first_step --models m",
+        "date": "2026-12-05 00:00 UTC",
+        "environment": "test",
+        "provenance": "test",
+        "rows": [row("keras", 8.0), row("keras_als", 12.0)],
+    }
+    table = first_step.render(saved)
+    assert "| m | keras | " + " | ".join(["2.00 ± 0.01"] * 4) + " | 1.00 |" in table
+    assert "| m | keras_als | " + " | ".join(["3.00 ± 0.01"] * 4) + " | 1.50 |" in table
