@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import glob
 import os
 import re
 import statistics
@@ -50,7 +49,7 @@ import keras_als  # noqa: E402
 from benchmarks.cost_at_size import plan  # noqa: E402
 from benchmarks.harness import ablations, provenance  # noqa: E402
 from benchmarks.harness.xla_step import compiled_step  # noqa: E402
-from benchmarks.profiles.step_program import dump_programs, normalized  # noqa: E402
+from benchmarks.profiles.step_program import dump_programs, new_step_program, normalized  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "first_step")
 VARIANTS = (
@@ -109,16 +108,6 @@ def _build(name: str, variant: str):
     return compiled_step(model, optimizer, loss)
 
 
-def _new_program(folder: str, seen: set[str]) -> str:
-    found = set(glob.glob(os.path.join(folder, "*train_step*after_optimizations.txt")))
-    new = sorted(found - seen, key=os.path.getsize)
-    seen |= found
-    if not new:
-        raise RuntimeError(f"XLA dumped no training step to {folder}")
-    with open(new[-1]) as f:
-        return f.read()
-
-
 def measure_once(name: str, variant: str, x, y, folder: str, seen: set[str]) -> dict:
     """One first step of `variant` on model `name`, split into `PARTS`."""
     step = _build(name, variant)
@@ -134,7 +123,7 @@ def measure_once(name: str, variant: str, x, y, folder: str, seen: set[str]) -> 
     step(x, y)
     run = time.perf_counter() - first_at
     bridge = bridged_at - traced_at
-    fusions, distinct = kernels(_new_program(folder, seen))
+    fusions, distinct = kernels(new_step_program(folder, seen, "train_step"))
     return {
         "trace": traced_at - start,
         "bridge": bridge,
@@ -175,7 +164,7 @@ def _warm_up(folder: str, seen: set[str]) -> None:
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
     step = compiled_step(model, optimizer, keras.losses.SparseCategoricalCrossentropy())
     step(tf.ones([2, 4]), tf.zeros([2], "int32"))
-    _new_program(folder, seen)
+    new_step_program(folder, seen, "train_step")
 
 
 def render(saved: dict) -> str:

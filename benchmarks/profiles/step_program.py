@@ -98,9 +98,10 @@ def dump_programs() -> str:
     return folder
 
 
-def _new_step_program(folder: str, seen: set[str]) -> str:
-    """The largest training-step program dumped to `folder` since `seen` (which it updates)."""
-    found = set(glob.glob(os.path.join(folder, "*one_step_on_data*after_optimizations.txt")))
+def new_step_program(folder: str, seen: set[str], step: str = "one_step_on_data") -> str:
+    """The largest optimized program of function `step` (Keras's training step
+    by default) dumped to `folder` since `seen` (which it updates)."""
+    found = set(glob.glob(os.path.join(folder, f"*{step}*after_optimizations.txt")))
     new = sorted(found - seen, key=os.path.getsize)
     seen |= found
     if not new:
@@ -125,7 +126,7 @@ def measure(name: str, method: str, folder: str, seen: set[str]) -> dict:
     history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
     keras.config.set_dtype_policy("float32")
     return {"model": name, "method": method, "loss": history.history["loss"][-1]} | counts(
-        _new_step_program(folder, seen)
+        new_step_program(folder, seen)
     )
 
 
