@@ -14,13 +14,16 @@ class _NoReductions:
     """Stands in for `keras_als.step._crossings.Crossings` and reduces nothing (ablation only:
     scales are then chosen from weight gradients alone)."""
 
-    def __init__(self, graph, measuring, count_zeros):
+    def __init__(self, graph, measuring, count_zeros, bounds=None):
         self.reduced = {}
 
     def arrived(self, boundary, gradients):
         pass
 
     def finish(self):
+        pass
+
+    def complete(self):
         pass
 
 
@@ -82,6 +85,14 @@ def without_concatenation_reductions() -> contextlib.AbstractContextManager:
     return _replaced("_crossings", "Crossings", _joins_left_out)
 
 
+def joins_read() -> contextlib.AbstractContextManager:
+    """Steps traced inside reduce the gradients crossing into joins, as every
+    other boundary's, where keras_als bounds them from the reads their outputs
+    feed (`keras_als.step._join_bounds`; ablation only: the scales may differ,
+    never the gradients)."""
+    return _replaced("_join_bounds", "rows", lambda _: lambda reached, loss_side: {})
+
+
 def without_boundary_rescaling() -> contextlib.AbstractContextManager:
     """Steps traced inside leave the boundaries' rescaling out, division and
     multiplication alike (right only where every divisor is 1: every scale
@@ -135,6 +146,7 @@ def crossings_never_wait() -> contextlib.AbstractContextManager:
 NAMED = {
     "no_crossing_reductions": without_crossing_reductions,
     "no_concatenation_reductions": without_concatenation_reductions,
+    "joins_read": joins_read,
     "crossings_reduced_last": crossings_reduced_last,
     "crossings_reduced_early": crossings_reduced_early,
     "crossings_never_wait": crossings_never_wait,

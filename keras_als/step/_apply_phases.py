@@ -137,7 +137,7 @@ def check_finite(plan, weight_amax: _statistics.WeightAmax) -> tuple[tf.Tensor, 
     """
     crossed = {}
     if plan.crossings is not None:
-        plan.crossings.finish()  # the boundaries' gradients that still wait
+        plan.crossings.complete()  # the boundaries' gradients that still wait, and the bounds
         crossed = plan.crossings.reduced
     inside = [
         (i, crossed[id(b)].amax)

@@ -23,6 +23,9 @@ reductions would run on every step, fused into the kernels that produce the
 gradients, which is slower. A branch reads its values out through a gather,
 which XLA counts as expensive, so it keeps the branch.
 
+A boundary whose gradient `_join_bounds` can bound from the others (a
+join's input) is not reduced: `complete` gives it its bound instead.
+
 A branch reduces the mean squares even when the policy reads none (only
 `ApproxRange` does): they keep XLA from fusing the branch's largest-value
 reductions into the gather that keeps the branch, a kernel slow to compile.
@@ -39,6 +42,7 @@ import math
 
 import tensorflow as tf
 
+from keras_als.step import _join_bounds
 from keras_als.step._statistics import amaxes, mean_square, subnormals, values_of, zeros
 
 WAITING_BYTES = 64 * 1024
@@ -50,8 +54,8 @@ class Reduced:
     """One boundary's crossing gradient, reduced (float32 scalars; zeros read 0
     on the steps that do not measure)."""
 
-    amax: tf.Tensor  # largest absolute value; inf if a value was not finite
-    mean_square: tf.Tensor
+    amax: tf.Tensor  # largest absolute value (or a bound on it); inf if a value was not finite
+    mean_square: tf.Tensor | None  # None where the amax is a bound (`_join_bounds`)
     zeros: tf.Tensor | None = None  # exact zeros (None unless counted)
     subnormals: tf.Tensor | None = None  # non-zero float16 values below 2**-14
     size: tf.Tensor | None = None  # values
@@ -66,15 +70,26 @@ class Crossings:
         measuring: Scalar bool tensor: reduce only when it is true (else every
             reduction reads 0). None: every step.
         count_zeros: Whether to count exact zeros and float16 subnormals too.
+        bounds: The plan's `_join_bounds.Bounds`: boundaries bounded, not
+            reduced. None: every boundary is reduced.
     """
 
-    def __init__(self, graph, measuring: tf.Tensor | None, count_zeros: bool):
+    def __init__(
+        self,
+        graph,
+        measuring: tf.Tensor | None,
+        count_zeros: bool,
+        bounds: _join_bounds.Bounds | None = None,
+    ):
         self.graph = graph
         self.measuring = measuring
         self.count_zeros = count_zeros
+        self.bounds = bounds
         self.reduced: dict[int, Reduced] = {}  # id(boundary) -> its reduction
         self._waiting: list[tuple[object, list[tf.Tensor]]] = []
         self._waiting_bytes = 0
+        self._bounded: list = []  # boundaries whose gradients arrived, to be bounded
+        self._unread: set[int] = set()  # id(boundary) with gradients from another graph
 
     def arrived(self, boundary, gradients) -> tf.Tensor | None:
         """Takes the gradients that crossed `boundary` (called during backprop).
@@ -83,9 +98,15 @@ class Crossings:
         group alone (the boundary adds it to its factor, so that they wait for
         their reductions), else None.
         """
-        gradients = [g for g in gradients if values_of(g).graph is self.graph]
-        if not gradients:
+        mine = [g for g in gradients if values_of(g).graph is self.graph]
+        if len(mine) < len(gradients):
+            self._unread.add(id(boundary))
+        if not mine:
             return None
+        if self.bounds is not None and self.bounds.covers(boundary, self._unread):
+            self._bounded.append(boundary)
+            return None
+        gradients = mine
         alone = not self._waiting
         self._waiting.append((boundary, gradients))
         self._waiting_bytes += sum(_bytes(g) for g in gradients)
@@ -98,6 +119,15 @@ class Crossings:
         """0.0, read from the reductions of `boundary`'s gradients: their
         largest magnitude is >= 0 or inf, never NaN, so its minimum with 0 is 0."""
         return tf.minimum(self.reduced[id(boundary)].amax, 0.0)
+
+    def complete(self) -> None:
+        """Reduces the gradients still waiting, then bounds the bounded ones
+        (call once, after backprop)."""
+        self.finish()
+        bounded, self._bounded = self._bounded, []
+        if bounded:
+            for key, value in self.bounds.values(bounded, self.reduced).items():
+                self.reduced[key] = Reduced(value, None)
 
     def finish(self) -> None:
         """Reduces every waiting gradient, in one branch."""

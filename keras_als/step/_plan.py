@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from keras_als.step import _boundary, _crossings, _entries
+from keras_als import policies
+from keras_als.step import _boundary, _crossings, _entries, _join_bounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +200,9 @@ def plan_for(state, loss: tf.Tensor, boundaries: Sequence, measures: bool) -> Pl
     """`make_plan` from the optimizer's `_state.ScaleState`: the variables it
     is built for, their scaled layers (`_entries.scaled`) and current scales;
     the step measures where its countdown (`steps_until_measuring`) is 0, or
-    always if `measures` (`keras_als.calibrate`) or `measure_every_n_steps` is 1."""
+    always if `measures` (`keras_als.calibrate`) or `measure_every_n_steps` is 1.
+    Joins are bounded, not read (`_join_bounds`), unless the policy reads
+    mean squares (`ApproxRange`), which a bound does not give."""
     measuring = None  # every step measures
     if state.built and state.measure_every_n_steps > 1 and not measures:
         measuring = tf.equal(state.counter("steps_until_measuring"), 0)
@@ -212,6 +215,7 @@ def plan_for(state, loss: tf.Tensor, boundaries: Sequence, measures: bool) -> Pl
         state.built,
         measuring,
         count_zeros=bool(state.estimate_underflow),
+        bound_joins=not isinstance(state.policy, policies.ApproxRange),
     )
 
 
@@ -224,6 +228,7 @@ def make_plan(
     built: bool,
     measuring: tf.Tensor | None = None,
     count_zeros: bool = False,
+    bound_joins: bool = True,
 ) -> Plan:
     """Finds the scale components behind `loss` and reads their scales.
 
@@ -239,38 +244,19 @@ def make_plan(
         measuring: Scalar bool: the step measures where it holds; None: every
             step measures; without `built`, no step does.
         count_zeros: Count zeros and subnormals too when measuring (telemetry).
+        bound_joins: Bound the gradients crossing into joins from the others
+            (`_join_bounds`) rather than reduce them.
 
     Returns:
         The frozen plan; `connect` it before backprop.
     """
     graph = loss.graph
-    sets, label_of_op, reached = _walk(loss, list(boundaries))
-    roots: dict[int, int] = {}
-    drafts: list[_Draft] = []
-
-    def component(label: int) -> int:
-        root = sets.find(label)
-        if root not in roots:
-            roots[root] = len(drafts)
-            drafts.append(_Draft())
-        return roots[root]
-
-    loss_component = component(0)
-    sides = {}
-    for b, input_label, output_label in reached:
-        a, o = component(input_label), component(output_label)
-        sides[id(b)] = (a, o)
-        drafts[a].feeding.append(b)
-        drafts[o].inside.append(b)
-    # Variables, by their captured handle: id(handle) -> component.
-    component_of = {}
-    for external, internal in getattr(graph, "captures", ()):
-        label = label_of_op.get(internal.op.name)
-        if label is not None:
-            component_of[id(external)] = component(label)
-
+    drafts, sides, component_of, reached = _drafts(loss, boundaries)
+    loss_component = 0
+    draft_sides = [(b, *sides[id(b)]) for b in reached]
+    rows = _join_bounds.rows(draft_sides, loss_component) if built and bound_joins else {}
     drafts[loss_component].hold(0, "loss")
-    _hold_entries(drafts, [b for b, _, _ in reached], sides, variables, owners, component_of)
+    _hold_entries(drafts, reached, sides, variables, owners, component_of)
     merged, final = _merge_by_entry(drafts)
     sides = {k: (final[a], final[o]) for k, (a, o) in sides.items()}
     scales = tf.gather(scale_vector, [c.entry for c in merged])
@@ -284,13 +270,47 @@ def make_plan(
         scales,
         types.MappingProxyType({k: final[c] for k, c in component_of.items()}),
         types.MappingProxyType(sides),
-        types.MappingProxyType(_factors(scales, [b for b, _, _ in reached], sides)),
+        types.MappingProxyType(_factors(scales, reached, sides)),
         final[loss_component],
         built,
         loss_finite=tf.reduce_all(tf.math.is_finite(loss)),
         measuring=measuring if built else None,
-        crossings=_crossings.Crossings(graph, measuring, count_zeros) if built else None,
+        crossings=_crossings.Crossings(
+            graph, measuring, count_zeros, _join_bounds.Bounds(rows, scales, dict(sides))
+        )
+        if built
+        else None,
     )
+
+
+def _drafts(loss: tf.Tensor, boundaries: Sequence):
+    """The draft components behind `loss` (the loss's first), each boundary's
+    sides (id -> (input, output) draft), each captured variable handle's
+    draft (id -> draft), and the boundaries reached, in the walk's order."""
+    sets, label_of_op, reached = _walk(loss, list(boundaries))
+    roots: dict[int, int] = {}
+    drafts: list[_Draft] = []
+
+    def component(label: int) -> int:
+        root = sets.find(label)
+        if root not in roots:
+            roots[root] = len(drafts)
+            drafts.append(_Draft())
+        return roots[root]
+
+    component(0)  # the loss's
+    sides = {}
+    for b, input_label, output_label in reached:
+        a, o = component(input_label), component(output_label)
+        sides[id(b)] = (a, o)
+        drafts[a].feeding.append(b)
+        drafts[o].inside.append(b)
+    component_of = {}
+    for external, internal in getattr(loss.graph, "captures", ()):
+        label = label_of_op.get(internal.op.name)
+        if label is not None:
+            component_of[id(external)] = component(label)
+    return drafts, sides, component_of, [b for b, _, _ in reached]
 
 
 def _hold_entries(

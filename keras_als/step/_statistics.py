@@ -26,7 +26,7 @@ def measure(plan, weight_amax: WeightAmax, weight_grads) -> policies.Statistics:
     From the weight gradients (`weight_grads[i]`: component i's; `weight_amax`,
     each one's largest magnitude, taken on every step to check it is finite) and from
     the gradients that crossed the boundaries during backprop, as reduced by
-    `plan.crossings` (call its `finish` first). Statistics no policy reads are
+    `plan.crossings` (call its `complete` first). Statistics no policy reads are
     pruned from the traced graph, so they cost nothing.
 
     A few vector operations for all components, whatever their number: the
@@ -166,7 +166,11 @@ def _mean_squares(plan, layout, weight_grads) -> tf.Tensor:
     crossed = plan.crossings.reduced
     squares, at = [], []
     for i, component in enumerate(plan.components):
-        inside = [crossed[id(b)].mean_square for b in component.inside if id(b) in crossed]
+        inside = [
+            crossed[id(b)].mean_square
+            for b in component.inside
+            if id(b) in crossed and crossed[id(b)].mean_square is not None
+        ]
         each = inside or [mean_square(g) for g in weight_grads[i]]
         squares += each
         at += [i] * len(each)

@@ -1,0 +1,123 @@
+"""`_join_bounds`: a join's crossing gradients are bounded, not read.
+
+A boundary whose output side holds only joins, copies and ReLUs receives
+there the sum of the gradients crossing the boundaries that side feeds, so
+its largest magnitude is at most the sum of theirs. On a small DenseNet-like
+net (two chained concatenations, an `Add` and a ReLU), the bounds equal that
+sum of reads in closed form, are never below the values a read gives, and
+are left out where the side holds anything else or the policy reads mean
+squares.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_als
+from keras_als import policies
+from keras_als.step import _apply_phases, _join_bounds
+
+SCALES = policies.Fixed(
+    default=2.0**3, scales={"b2": 2.0**6, "p": 2.0**-2, "q": 2.0**9, "c1": 2.0**1}
+)
+"""A scale per layer, so that every bound is summed across different scales."""
+
+
+def _dense_net(head_weights: bool = True) -> keras.Model:
+    """stem -> c1 -> cat1 -> b2 -> c2 -> cat2 -> p -> add(p, cat2) -> relu -> q -> head."""
+    layers = keras.layers
+    inputs = keras.Input((6, 6, 3))
+    x0 = layers.Conv2D(4, 3, padding="same", name="stem")(inputs)
+    y1 = layers.Conv2D(4, 3, padding="same", name="c1")(layers.Activation("tanh")(x0))
+    x1 = layers.Concatenate(name="cat1")([x0, y1])
+    y2 = layers.Conv2D(4, 1, name="c2")(layers.BatchNormalization(name="b2")(x1))
+    x2 = layers.Concatenate(name="cat2")([x1, y2])
+    added = layers.Add(name="add")([layers.Conv2D(12, 1, name="p")(x2), x2])
+    out = layers.Activation("relu")(added)
+    if head_weights:
+        out = layers.Conv2D(5, 1, name="q")(out)
+    out = layers.GlobalAveragePooling2D()(out)
+    return keras.Model(inputs, layers.Dense(1, name="head")(out))
+
+
+def _true_largest(head_weights: bool, policy, bounded: bool, monkeypatch) -> dict:
+    """Per layer, the largest true (unscaled) value its boundaries' crossing
+    gradients read, or their bound, on the second step of a custom loop; and
+    whether the value was a bound."""
+    if not bounded:
+        monkeypatch.setattr(_join_bounds, "rows", lambda reached, loss_side: {})
+    keras.utils.set_random_seed(0)
+    wrapped = keras_als.wrap_model(_dense_net(head_weights))
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(
+        keras.optimizers.SGD(0.0), policy=policy, measure_every_n_steps=1
+    )
+    optimizer.build(wrapped.trainable_variables)
+    plans = []
+    original = _apply_phases.run
+
+    def run(state, plan, grads, variables):
+        plans.append(plan)
+        return original(state, plan, grads, variables)
+
+    monkeypatch.setattr(_apply_phases, "run", run)
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.normal(size=(4, 6, 6, 3)).astype("float32"))
+    y = tf.constant(rng.normal(size=(4, 1)).astype("float32"))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((wrapped(x, training=True) - y) ** 2)
+            scaled = optimizer.scale_loss(loss)
+        optimizer.apply(tape.gradient(scaled, wrapped.trainable_variables))
+        plan = plans[-1]
+        found = {}
+        for b in plan.boundaries():
+            if id(b) not in plan.crossings.reduced:
+                continue  # the stem's boundary at the model's input: no gradient
+            reduced = plan.crossings.reduced[id(b)]
+            true = reduced.amax / plan.scales[plan.sides[id(b)][1]]
+            found.setdefault(b.owner.layer.name, []).append((true, reduced.mean_square is None))
+        return found
+
+    step()  # builds the scales
+    found = step()
+    return {
+        name: (max(float(v) for v, _ in pairs), {bool(k) for _, k in pairs} == {True})
+        for name, pairs in found.items()
+    }
+
+
+def test_a_joins_crossing_gradient_is_bounded_by_the_sum_of_the_reads_its_output_feeds(
+    monkeypatch,
+):
+    got = _true_largest(True, SCALES, bounded=True, monkeypatch=monkeypatch)
+    assert {name for name, (_, bound) in got.items() if bound} == {"cat1", "cat2", "add"}
+    value = {name: v for name, (v, _) in got.items()}
+    # add -> relu -> q: one read; cat2 feeds p and add; cat1 feeds b2 and cat2.
+    assert value["add"] == pytest.approx(value["q"], rel=1e-6)
+    assert value["cat2"] == pytest.approx(value["p"] + value["q"], rel=1e-6)
+    assert value["cat1"] == pytest.approx(value["b2"] + value["p"] + value["q"], rel=1e-6)
+
+
+def test_a_bound_is_never_below_what_a_read_gives(monkeypatch):
+    bounds = _true_largest(True, SCALES, bounded=True, monkeypatch=monkeypatch)
+    with monkeypatch.context() as patch:
+        reads = _true_largest(True, SCALES, bounded=False, monkeypatch=patch)
+    assert not any(bound for _, bound in reads.values())
+    for name in ("cat1", "cat2", "add"):
+        assert 0 < reads[name][0] <= bounds[name][0] * (1 + 1e-6), name
+    for name in ("c1", "b2", "c2", "p", "q", "head"):  # read either way, alike
+        assert bounds[name][0] == pytest.approx(reads[name][0], rel=1e-6), name
+
+
+def test_a_join_whose_output_meets_any_other_operation_is_read(monkeypatch):
+    # add -> relu -> global average pooling: a mean is not passed on unchanged.
+    got = _true_largest(False, SCALES, True, monkeypatch)
+    assert {name for name, (_, bound) in got.items() if bound} == {"cat1", "cat2"}
+
+
+def test_under_a_policy_that_reads_mean_squares_every_join_is_read(monkeypatch):
+    got = _true_largest(True, policies.ApproxRange(), True, monkeypatch)
+    assert not any(bound for _, bound in got.values())
