@@ -4,9 +4,9 @@ A boundary whose output side holds only joins, copies and ReLUs receives
 there the sum of the gradients crossing the boundaries that side feeds, so
 its largest magnitude is at most the sum of theirs. On a small DenseNet-like
 net (two chained concatenations, an `Add` and a ReLU), the bounds equal that
-sum of reads in closed form, are never below the values a read gives, and
-are left out where the side holds anything else or the policy reads mean
-squares.
+sum of reads in closed form and are never below the values a read gives; a
+side along one path, a side holding any other operation, and every side under
+a policy that reads mean squares keep their reads.
 """
 
 import keras
@@ -19,13 +19,14 @@ from keras_als import policies
 from keras_als.step import _apply_phases, _join_bounds
 
 SCALES = policies.Fixed(
-    default=2.0**3, scales={"b2": 2.0**6, "p": 2.0**-2, "q": 2.0**9, "c1": 2.0**1}
+    default=2.0**3, scales={"b2": 2.0**6, "p": 2.0**-2, "q": 2.0**9, "r": 2.0**-5, "c1": 2.0**1}
 )
 """A scale per layer, so that every bound is summed across different scales."""
 
 
-def _dense_net(head_weights: bool = True) -> keras.Model:
-    """stem -> c1 -> cat1 -> b2 -> c2 -> cat2 -> p -> add(p, cat2) -> relu -> q -> head."""
+def _dense_net(passing: bool = True) -> keras.Model:
+    """stem -> c1 -> cat1 -> b2 -> c2 -> cat2 -> p -> add(p, cat2) -> relu
+    (tanh unless `passing`) -> q, r -> heads(q, r) -> head."""
     layers = keras.layers
     inputs = keras.Input((6, 6, 3))
     x0 = layers.Conv2D(4, 3, padding="same", name="stem")(inputs)
@@ -34,21 +35,20 @@ def _dense_net(head_weights: bool = True) -> keras.Model:
     y2 = layers.Conv2D(4, 1, name="c2")(layers.BatchNormalization(name="b2")(x1))
     x2 = layers.Concatenate(name="cat2")([x1, y2])
     added = layers.Add(name="add")([layers.Conv2D(12, 1, name="p")(x2), x2])
-    out = layers.Activation("relu")(added)
-    if head_weights:
-        out = layers.Conv2D(5, 1, name="q")(out)
-    out = layers.GlobalAveragePooling2D()(out)
-    return keras.Model(inputs, layers.Dense(1, name="head")(out))
+    out = layers.Activation("relu" if passing else "tanh")(added)
+    pooled = [layers.GlobalAveragePooling2D()(layers.Conv2D(5, 1, name=name)(out)) for name in "qr"]
+    heads = layers.Add(name="heads")(pooled)
+    return keras.Model(inputs, layers.Dense(1, name="head")(heads))
 
 
-def _true_largest(head_weights: bool, policy, bounded: bool, monkeypatch) -> dict:
+def _true_largest(passing: bool, policy, bounded: bool, monkeypatch) -> dict:
     """Per layer, the largest true (unscaled) value its boundaries' crossing
     gradients read, or their bound, on the second step of a custom loop; and
     whether the value was a bound."""
     if not bounded:
         monkeypatch.setattr(_join_bounds, "rows", lambda reached, loss_side: {})
     keras.utils.set_random_seed(0)
-    wrapped = keras_als.wrap_model(_dense_net(head_weights))
+    wrapped = keras_als.wrap_model(_dense_net(passing))
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
         keras.optimizers.SGD(0.0), policy=policy, measure_every_n_steps=1
     )
@@ -93,12 +93,13 @@ def test_a_joins_crossing_gradient_is_bounded_by_the_sum_of_the_reads_its_output
     monkeypatch,
 ):
     got = _true_largest(True, SCALES, bounded=True, monkeypatch=monkeypatch)
+    # `heads` feeds one boundary along one path: a slice of a read, read itself.
     assert {name for name, (_, bound) in got.items() if bound} == {"cat1", "cat2", "add"}
     value = {name: v for name, (v, _) in got.items()}
-    # add -> relu -> q: one read; cat2 feeds p and add; cat1 feeds b2 and cat2.
-    assert value["add"] == pytest.approx(value["q"], rel=1e-6)
-    assert value["cat2"] == pytest.approx(value["p"] + value["q"], rel=1e-6)
-    assert value["cat1"] == pytest.approx(value["b2"] + value["p"] + value["q"], rel=1e-6)
+    # add -> relu -> q, r; cat2 feeds p and add; cat1 feeds b2 and cat2.
+    assert value["add"] == pytest.approx(value["q"] + value["r"], rel=1e-6)
+    assert value["cat2"] == pytest.approx(value["p"] + value["add"], rel=1e-6)
+    assert value["cat1"] == pytest.approx(value["b2"] + value["cat2"], rel=1e-6)
 
 
 def test_a_bound_is_never_below_what_a_read_gives(monkeypatch):
@@ -108,14 +109,16 @@ def test_a_bound_is_never_below_what_a_read_gives(monkeypatch):
     assert not any(bound for _, bound in reads.values())
     for name in ("cat1", "cat2", "add"):
         assert 0 < reads[name][0] <= bounds[name][0] * (1 + 1e-6), name
-    for name in ("c1", "b2", "c2", "p", "q", "head"):  # read either way, alike
+    for name in ("c1", "b2", "c2", "p", "q", "r", "heads", "head"):  # read either way, alike
         assert bounds[name][0] == pytest.approx(reads[name][0], rel=1e-6), name
 
 
 def test_a_join_whose_output_meets_any_other_operation_is_read(monkeypatch):
-    # add -> relu -> global average pooling: a mean is not passed on unchanged.
+    # add -> tanh: only the operations of `PASSING` are passed through.
     got = _true_largest(False, SCALES, True, monkeypatch)
     assert {name for name, (_, bound) in got.items() if bound} == {"cat1", "cat2"}
+    value = {name: v for name, (v, _) in got.items()}
+    assert value["cat2"] == pytest.approx(value["p"] + value["add"], rel=1e-6)
 
 
 def test_under_a_policy_that_reads_mean_squares_every_join_is_read(monkeypatch):

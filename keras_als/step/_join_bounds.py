@@ -23,6 +23,14 @@ expanded, once when the plan is made, into read boundaries only, each with an
 integer count (`rows`); on the step, one masked sum over a constant matrix
 turns the reads into every bound (`values`).
 
+Only a side that sums is bounded: one whose gradient reaches `b` along two
+paths or more (DenseNet's concatenation, which feeds the next normalization
+and the next concatenation; a residual `Add` feeding the next block and the
+next `Add`). That sum is what Keras's step never writes out. Along one path
+the crossing gradient is a slice or a copy of one gradient read anyway
+(a transformer's `Add` before its `LayerNormalization`, an SSD's heads
+concatenated into its output): it is read, cheaply and exactly.
+
 A bound is larger than the read it replaces by at most the sum's number of
 terms: a DenseNet block's first concatenation sums its block's two dozen
 reads. The scales it gives are lower, never higher, than a read's. Sides with
@@ -92,12 +100,13 @@ def rows(reached: list, loss_side) -> dict:
             raise _NotPassing("a cycle")  # never in a traced step; then nothing is bounded
         if id(b) not in expanded:
             side = output_side[id(b)]
+            fed = paths.get(side, {}).get(id(b), {})
             row = None
-            if side in paths:
+            if sum(fed.values()) >= 2:  # a sum: one path is a slice or a copy, read cheaply
                 row = collections.Counter()
-                for fed, count in paths[side].get(id(b), {}).items():
-                    inner = expand(fed, visiting | {id(b)})
-                    for read, n in (inner or {fed: 1}).items():
+                for f, count in fed.items():
+                    inner = expand(f, visiting | {id(b)})
+                    for read, n in (inner or {f: 1}).items():
                         row[read] += count * n
                 row = dict(row)
             expanded[id(b)] = row
