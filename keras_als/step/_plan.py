@@ -17,6 +17,8 @@ component its gradient comes from. Every other entry of a variable in the
 component is kept equal to it, as an alias. A boundary from
 component `a` (input side) to `b` divides the gradient by
 `scale[b] / scale[a]` (or multiplies it by the reciprocal, `_boundary`).
+The regions between boundaries before components merge by entry (*sides*)
+also tell `_join_bounds` which boundaries to bound rather than read.
 """
 
 from __future__ import annotations
