@@ -124,3 +124,24 @@ def test_a_join_whose_output_meets_any_other_operation_is_read(monkeypatch):
 def test_under_a_policy_that_reads_mean_squares_every_join_is_read(monkeypatch):
     got = _true_largest(True, policies.ApproxRange(), True, monkeypatch)
     assert not any(bound for _, bound in got.values())
+
+
+def test_a_chain_of_joins_longer_than_pythons_recursion_limit_expands_into_its_reads():
+    reads = [object() for _ in range(3000)]
+    joins = [object() for _ in range(3000)]
+    fed = {
+        id(j): {reads[k]: 1, **({joins[k + 1]: 1} if k + 1 < len(joins) else {})}
+        for k, j in enumerate(joins)
+    }
+    fed[id(joins[-1])] = {reads[-1]: 2}  # the last join feeds one read along two paths
+    rows = _join_bounds._expanded(joins + reads, lambda b: fed.get(id(b), {}))
+    assert rows[id(joins[0])] == {**{r: 1 for r in reads[:-1]}, reads[-1]: 2}
+    assert rows[id(joins[-2])] == {reads[-2]: 1, reads[-1]: 2}
+    assert all(rows[id(r)] is None for r in reads)
+
+
+def test_paths_through_a_bounded_join_multiply():
+    read, inner, outer = object(), object(), object()
+    fed = {id(outer): {inner: 3}, id(inner): {read: 2}}
+    rows = _join_bounds._expanded([outer, inner, read], lambda b: fed.get(id(b), {}))
+    assert rows[id(outer)] == {read: 6}

@@ -93,30 +93,51 @@ def rows(reached: list, loss_side) -> dict:
             paths[side] = _paths_to_fed(feeding[side], stop)
         except _NotPassing:
             pass
-    expanded: dict = {}
 
-    def expand(b, visiting: frozenset) -> dict | None:
-        if id(b) in visiting:
-            raise _NotPassing("a cycle")  # never in a traced step; then nothing is bounded
-        if id(b) not in expanded:
-            side = output_side[id(b)]
-            fed = paths.get(side, {}).get(id(b), {})
-            row = None
-            if sum(fed.values()) >= 2:  # a sum: one path is a slice or a copy, read cheaply
-                row = collections.Counter()
-                for f, count in fed.items():
-                    inner = expand(f, visiting | {id(b)})
-                    for read, n in (inner or {f: 1}).items():
-                        row[read] += count * n
-                row = dict(row)
-            expanded[id(b)] = row
-        return expanded[id(b)]
+    def fed_by(b) -> dict:
+        """{fed boundary: paths} of a boundary whose gradient sums two paths or
+        more (one path is a slice or a copy of a read: read cheaply), else {}."""
+        fed = paths.get(output_side[id(b)], {}).get(id(b), {})
+        return fed if sum(fed.values()) >= 2 else {}
 
     try:
-        found = {id(b): expand(b, frozenset()) for b, _, _ in reached}
+        found = _expanded([b for b, _, _ in reached], fed_by)
     except _NotPassing:
         return {}
     return {key: row for key, row in found.items() if row is not None}
+
+
+def _expanded(boundaries: list, fed_by) -> dict:
+    """id(boundary) -> {read boundary: paths}, or None for a boundary that is
+    read: each bounded boundary's fed boundaries (`fed_by`), the bounded
+    among them replaced by their own reads, depth first without recursion
+    (residual chains can be hundreds of joins long)."""
+    rows: dict = {}
+    for start in boundaries:
+        stack, entered = [start], set()
+        while stack:
+            b = stack[-1]
+            if id(b) in rows:
+                stack.pop()
+                continue
+            fed = fed_by(b)
+            waiting = [f for f in fed if id(f) not in rows]
+            if waiting and id(b) not in entered:
+                entered.add(id(b))
+                for f in waiting:
+                    if id(f) in entered:
+                        raise _NotPassing("a cycle")  # never in a traced step
+                    stack.append(f)
+                continue
+            if waiting:
+                raise _NotPassing("a cycle")
+            stack.pop()
+            row = collections.Counter()
+            for f, count in fed.items():
+                for read, n in (rows[id(f)] or {f: 1}).items():
+                    row[read] += count * n
+            rows[id(b)] = dict(row) if fed else None
+    return rows
 
 
 def _paths_to_fed(fed: list, stop: dict) -> dict:
