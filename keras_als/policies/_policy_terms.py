@@ -27,8 +27,10 @@ class Statistics(NamedTuple):
 
     Attributes:
         amax: Largest absolute gradient value seen in the component: at the
-            inputs of its wrapped layers and in its weight gradients. Zero where
-            every value was zero; inf or NaN where a non-finite value was seen.
+            inputs of its wrapped layers and in its weight gradients (at a
+            join's inputs, a bound on it: the sum of the values where the
+            join's output goes). Zero where every value was zero; inf or NaN
+            where a non-finite value was seen.
         mean_square: Mean of the squared gradient at the inputs of the wrapped
             layers in the component (where none is measured, such as a first
             layer, of its weight gradients). Only `ApproxRange` reads it.
