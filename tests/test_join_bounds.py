@@ -41,14 +41,16 @@ def _dense_net(passing: bool = True) -> keras.Model:
     return keras.Model(inputs, layers.Dense(1, name="head")(heads))
 
 
-def _true_largest(passing: bool, policy, bounded: bool, monkeypatch) -> dict:
+def _true_largest(passing: bool, policy, bounded: bool, monkeypatch, model=None) -> dict:
     """Per layer, the largest true (unscaled) value its boundaries' crossing
     gradients read, or their bound, on the second step of a custom loop; and
-    whether the value was a bound."""
+    whether the value was a bound. The model is `_dense_net(passing)` unless
+    `model` builds another."""
     if not bounded:
-        monkeypatch.setattr(_join_bounds, "rows", lambda reached, loss_side: {})
+        monkeypatch.setattr(_join_bounds, "rows", lambda *_: {})
     keras.utils.set_random_seed(0)
-    wrapped = keras_als.wrap_model(_dense_net(passing))
+    plain = model() if model else _dense_net(passing)
+    wrapped = keras_als.wrap_model(plain)
     optimizer = keras_als.AdaptiveLossScaleOptimizer(
         keras.optimizers.SGD(0.0), policy=policy, measure_every_n_steps=1
     )
@@ -62,8 +64,8 @@ def _true_largest(passing: bool, policy, bounded: bool, monkeypatch) -> dict:
 
     monkeypatch.setattr(_apply_phases, "run", run)
     rng = np.random.default_rng(1)
-    x = tf.constant(rng.normal(size=(4, 6, 6, 3)).astype("float32"))
-    y = tf.constant(rng.normal(size=(4, 1)).astype("float32"))
+    x = tf.constant(rng.normal(size=(2, *plain.input_shape[1:])).astype("float32"))
+    y = tf.constant(rng.normal(size=(2, *plain.output_shape[1:])).astype("float32"))
 
     @tf.function
     def step():
@@ -145,3 +147,50 @@ def test_paths_through_a_bounded_join_multiply():
     fed = {id(outer): {inner: 3}, id(inner): {read: 2}}
     rows = _join_bounds._expanded([outer, inner, read], lambda b: fed.get(id(b), {}))
     assert rows[id(outer)] == {read: 6}
+
+
+def _consumers(model: keras.Model) -> dict:
+    """Per layer name, the number of layers that call it (from the model's config)."""
+    layers = model.get_config()["layers"]
+    counts = dict.fromkeys((layer["name"] for layer in layers), 0)
+
+    def called(value) -> set:
+        if isinstance(value, dict):
+            history = value.get("config", {}).get("keras_history")
+            return {history[0]} if history else set().union(*map(called, value.values()))
+        if isinstance(value, (list, tuple)):
+            return set().union(*map(called, value))
+        return set()
+
+    for layer in layers:
+        for name in called(layer["inbound_nodes"]):
+            counts[name] += 1
+    return counts
+
+
+def _densenet121() -> keras.Model:
+    return keras.applications.DenseNet121(weights=None, input_shape=(32, 32, 3), classes=3)
+
+
+@pytest.mark.slow
+def test_densenet121s_concatenations_feeding_two_layers_are_bounded_and_never_below_a_read(
+    monkeypatch,
+):
+    model = _densenet121()
+    consumers = _consumers(model)
+    summing = {
+        layer.name
+        for layer in model.layers
+        if isinstance(layer, keras.layers.Concatenate) and consumers[layer.name] >= 2
+    }
+    assert len(summing) == 6 + 12 + 24 + 16 - 4  # all but each dense block's last
+    bounds = _true_largest(True, SCALES, True, monkeypatch, model=_densenet121)
+    assert {name for name, (_, bound) in bounds.items() if bound} == summing
+    with monkeypatch.context() as patch:
+        reads = _true_largest(True, SCALES, False, patch, model=_densenet121)
+    assert reads.keys() == bounds.keys()
+    for name, (read, _) in reads.items():
+        if name in summing:
+            assert 0 < read <= bounds[name][0] * (1 + 1e-6), name
+        else:
+            assert bounds[name][0] == pytest.approx(read, rel=1e-6), name

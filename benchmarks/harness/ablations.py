@@ -90,7 +90,7 @@ def joins_read() -> contextlib.AbstractContextManager:
     other boundary's, where keras_als bounds them from the reads their outputs
     feed (`keras_als.step._join_bounds`; ablation only: the scales may differ,
     never the gradients)."""
-    return _replaced("_join_bounds", "rows", lambda _: lambda reached, loss_side: {})
+    return _replaced("_join_bounds", "rows", lambda _: lambda *_: {})
 
 
 def without_boundary_rescaling() -> contextlib.AbstractContextManager:

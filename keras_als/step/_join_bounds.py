@@ -69,12 +69,20 @@ class _NotPassing(Exception):
     pass
 
 
-def rows(reached: list, loss_side) -> dict:
+def carries_gradient(dtype: tf.DType) -> bool:
+    """False for integer, boolean and string tensors, which no gradient flows
+    through (a shape, an index, a mask)."""
+    return not (dtype.is_integer or dtype.is_bool or dtype == tf.string)
+
+
+def rows(reached: list, sides: dict, feeding: list, loss_side: int) -> dict:
     """The boundaries that can be bounded, each with the reads that bound it.
 
     Args:
-        reached: `(boundary, input side, output side)` for every boundary the
-            plan's walk reached, a side being its draft component.
+        reached: Every boundary the plan's walk reached.
+        sides: id(boundary) -> (input side, output side), a side being a
+            draft component of the walk.
+        feeding: Per side, the boundaries whose input lies there.
         loss_side: The loss's side (its gradient comes from the loss, not
             from boundaries: never bounded).
 
@@ -82,13 +90,9 @@ def rows(reached: list, loss_side) -> dict:
         id(boundary) -> {read boundary: number of paths}; boundaries not in
         it are read.
     """
-    stop = {t.ref(): b for b, _, _ in reached for t in b.outputs}
-    output_side = {id(b): o for b, _, o in reached}
-    feeding = collections.defaultdict(list)
-    for b, i, _ in reached:
-        feeding[i].append(b)
+    stop = {t.ref(): b for b in reached for t in b.outputs}
     paths: dict = {}  # side -> id(boundary with its output there) -> {fed boundary: paths}
-    for side in set(output_side.values()) - {loss_side}:
+    for side in {sides[id(b)][1] for b in reached} - {loss_side}:
         try:
             paths[side] = _paths_to_fed(feeding[side], stop)
         except _NotPassing:
@@ -97,11 +101,11 @@ def rows(reached: list, loss_side) -> dict:
     def fed_by(b) -> dict:
         """{fed boundary: paths} of a boundary whose gradient sums two paths or
         more (one path is a slice or a copy of a read: read cheaply), else {}."""
-        fed = paths.get(output_side[id(b)], {}).get(id(b), {})
+        fed = paths.get(sides[id(b)][1], {}).get(id(b), {})
         return fed if sum(fed.values()) >= 2 else {}
 
     try:
-        found = _expanded([b for b, _, _ in reached], fed_by)
+        found = _expanded(list(reached), fed_by)
     except _NotPassing:
         return {}
     return {key: row for key, row in found.items() if row is not None}
@@ -161,7 +165,7 @@ def _paths_back(tensor, stop: dict, memo: dict) -> collections.Counter:
     found = collections.Counter()
     if key in stop:
         found[id(stop[key])] = 1
-    elif not (tensor.dtype.is_integer or tensor.dtype.is_bool or tensor.dtype == tf.string):
+    elif carries_gradient(tensor.dtype):
         op = tensor.op
         if op.type not in PASSING:
             raise _NotPassing(op.type)

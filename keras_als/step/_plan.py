@@ -167,8 +167,8 @@ def _walk(loss: tf.Tensor, boundaries: list[_boundary.Boundary]):
             tensor = stack.pop()
             if getattr(tensor, "graph", None) is not graph:
                 continue  # an eager tensor the function captured: a constant to this graph
-            if not _carries_gradient(tensor.dtype):
-                continue  # a shape, an index or a mask: no gradient flows through it
+            if not _join_bounds.carries_gradient(tensor.dtype):
+                continue  # two regions sharing only a shape or an index are not joined
             b = stop.get(tensor.ref())
             if b is not None:
                 if id(b) not in reached:
@@ -189,13 +189,6 @@ def _walk(loss: tf.Tensor, boundaries: list[_boundary.Boundary]):
         for other in output_labels[1:]:
             sets.union(output_labels[0], other)
     return sets, label_of_op, [(b, reached[id(b)][1], reached[id(b)][2][0]) for b in order]
-
-
-def _carries_gradient(dtype: tf.DType) -> bool:
-    """False for integer, boolean and string tensors, which no gradient flows
-    through: two regions that only share such a tensor (the shape of one
-    read to reshape the other) are not joined."""
-    return not (dtype.is_integer or dtype.is_bool or dtype == tf.string)
 
 
 def plan_for(state, loss: tf.Tensor, boundaries: Sequence, measures: bool) -> Plan:
@@ -255,8 +248,10 @@ def make_plan(
     graph = loss.graph
     drafts, sides, component_of, reached = _drafts(loss, boundaries)
     loss_component = 0
-    draft_sides = [(b, *sides[id(b)]) for b in reached]
-    rows = _join_bounds.rows(draft_sides, loss_component) if built and bound_joins else {}
+    rows = {}
+    if built and bound_joins:
+        feeding = [c.feeding for c in drafts]
+        rows = _join_bounds.rows(reached, sides, feeding, loss_component)
     drafts[loss_component].hold(0, "loss")
     _hold_entries(drafts, reached, sides, variables, owners, component_of)
     merged, final = _merge_by_entry(drafts)
