@@ -13,6 +13,9 @@ PROFILES = {
     "keras_als adds: tracing, TensorFlow-to-XLA, or XLA?",
     "trace_profile": "Where does a real model's first step without XLA spend the time "
     "keras_als adds: tracing, or TensorFlow's graph work?",
+    "update_fusions": "Why is Keras's first step, not keras_als's, the slow one on the "
+    "deepest nets?",
+    "peak_buffers": "Which buffers does XLA count in a compiled step's peak memory?",
     "variable_cost": "What does each variable a compiled step updates cost it?",
     "monitor_cost": "What does `keras_als.ScaleMonitor` cost a step?",
     "step_program": "What program does XLA compile for the training step, and did a change "

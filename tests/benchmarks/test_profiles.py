@@ -284,3 +284,55 @@ def test_the_first_step_profile_table_gives_each_total_over_keras():
     table = first_step.render(saved)
     assert "| m | keras | " + " | ".join(["2.00 ± 0.01"] * 4) + " | 1.00 |" in table
     assert "| m | keras_als | " + " | ".join(["3.00 ± 0.01"] * 4) + " | 1.50 |" in table
+
+
+def test_the_update_fusions_profile_counts_each_fusions_operands():
+    from benchmarks.profiles import update_fusions
+
+    program = "\n".join(
+        [
+            "  %a = f32[4]{0} fusion(%p0, %p1.2, %wrapped_reduce.3), kind=kLoop, calls=%c",
+            "  %b = f32[]{0} fusion(%p0), kind=kInput, calls=%d",
+            "  %c = f32[4]{0} add(%p0, %p1.2)",
+        ]
+    )
+    assert update_fusions.fusion_operands(program) == [3, 1]
+
+
+@pytest.mark.slow
+def test_keras_copies_its_finiteness_predicate_into_every_update_and_keras_als_does_not():
+    from benchmarks.profiles import update_fusions
+
+    keras_found = {d: update_fusions.first_step(d, "keras") for d in (4, 12)}
+    ours = {d: update_fusions.first_step(d, "keras_als") for d in (4, 12)}
+    for depth in (4, 12):  # one fusion reads every variable's gradient finiteness
+        assert keras_found[depth]["largest"] >= 2 * depth + 2
+    # keras_als's largest fusion does not grow with the variables
+    assert ours[4]["largest"] == ours[12]["largest"] < keras_found[12]["largest"]
+
+
+def test_the_peak_buffers_profile_reads_the_buffers_live_at_xlas_peak():
+    from benchmarks.profiles import peak_buffers
+
+    text = "\n".join(
+        [
+            "Total bytes used: 900 (0.00MiB)",
+            "    conv.1{}:10-14",
+            "    select_fusion{}:14-19",
+            "  Live ranges at 14 (peak):",
+            "    conv.1{}: 300 bytes (cumulative: 300 bytes)",
+            "    arg0.1{}: 20 bytes (cumulative: 320 bytes)",
+            "    select_fusion{}: 300 bytes (cumulative: 620 bytes)",
+            "",
+            "  Stack trace breakdown for peak usage: 620 bytes",
+        ]
+    )
+    peak, total, buffers = peak_buffers.peak_buffers(text)
+    assert (peak, total) == (620, 900)
+    assert buffers == [
+        ("conv.1", 300, "10-14"),
+        ("select_fusion", 300, "14-19"),
+        ("arg0.1", 20, "?"),
+    ]
+    program = "  %conv.1 = f32[5,5,8,8]{3,2,1,0} convolution(%a, %b), window={size=2x2}"
+    assert peak_buffers.instruction(program, "conv.1") == "convolution f32[5,5,8,8]{3,2,1,0}"
