@@ -7,6 +7,34 @@ import math
 from benchmarks.cost_at_size import plan
 from benchmarks.harness.stats import ratio_and_standard_error
 
+CAUSES = (
+    "**Step, DenseNets.** Every layer's input is a concatenation of large feature maps. "
+    "The gradients crossing into the concatenations are bounded rather than read "
+    "(`keras_als/step/_join_bounds.py`; `--ablation joins_read` puts the reads back); what "
+    "stays is the other boundaries' reductions on measuring steps and the rescaling on "
+    "every step.",
+    "**First step over its target.** Tracing and TensorFlow's lowering to XLA grow with "
+    "the operations keras_als adds (the boundaries, the crossing reductions), XLA's compile "
+    "with the kernels: a scale sliced out of the vector of scales makes each layer's update "
+    "and each boundary's rescaling a kernel of its own, where Keras's repeated blocks share "
+    "one (`python -m benchmarks.profiles first_step --models vit_base`).",
+    "**First step under 1 on the deepest nets.** Keras's optimizer applies the updates "
+    "under a conditional on every gradient being finite, which XLA turns into selects: each "
+    "update kernel then computes the predicate from every gradient's finiteness, so its "
+    "compile grows as the square of the variables; keras_als's predicate is one buffer "
+    "(`python -m benchmarks.profiles update_fusions`).",
+    "**Peak step memory, MobileNetV3 and EfficientNetB0.** Both programs compute a "
+    "depthwise convolution's filter gradient as a dense convolution (C x 5 x 5 x C, "
+    "float32) followed by a fusion that reads it, and hold the two in one allocation; "
+    "XLA's peak counts both at once in one method's program and only the second in the "
+    "other's, in either direction, while the programs' total allocations nearly agree "
+    "(`python -m benchmarks.profiles peak_buffers --models mobilenet_v3_small "
+    "efficientnet_b0`).",
+    "**Step, 1.02x to 1.04x** (ConvNeXtTiny, EfficientNetB0, MobileNetV3Small, GPT-2): "
+    "not profiled yet.",
+)
+"""Why a ratio is beyond its target, each with the command that shows it."""
+
 
 def ratios(row: dict, method: str = "keras_als") -> dict:
     """`method` over Keras LSO per measure: `{measure: (ratio, standard error)}`."""
@@ -81,6 +109,7 @@ def render(results: dict) -> str:
             lines.append(
                 f"| {row['model']} | {method.partition(':')[2]} | " + " | ".join(cells) + " |"
             )
+    lines += ["", "Why a ratio is where it is:", "", *(f"- {cause}" for cause in CAUSES)]
     missing = [n for n in [*plan.MODELS, *plan.SWEEP] if n not in {r["model"] for r in rows}]
     if missing:
         lines += ["", "Not measured yet: " + ", ".join(missing) + "."]
