@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from benchmarks.cost_at_size import plan, report
-from benchmarks.harness import ablations, provenance
+from benchmarks.harness import ablations, provenance, xla_memory
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results")
 
@@ -25,10 +25,7 @@ def run_model(name: str, ablation: str = "") -> dict:
     """`measure` of model `name` in a fresh process (XLA programs dumped to a temporary folder)."""
     with tempfile.TemporaryDirectory() as dump, tempfile.TemporaryDirectory() as out:
         env = dict(os.environ, KERAS_ALS_COST_DUMP=dump, TF_CPP_MIN_LOG_LEVEL="3")
-        flags = (
-            f"--xla_dump_to={dump} --xla_dump_hlo_as_text"
-            " --xla_dump_hlo_module_re=.*one_step_on_data.*"
-        )
+        flags = xla_memory.dump_flags(dump, "one_step_on_data")
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
         path = os.path.join(out, "result.json")
         start = time.perf_counter()

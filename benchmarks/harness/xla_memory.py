@@ -14,9 +14,15 @@ import os
 import re
 
 
+def dump_flags(dump: str, name: str) -> str:
+    """`XLA_FLAGS` that dump the optimized programs and buffer assignments of
+    the modules named like `name` into `dump`, as text."""
+    return f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*{name}.*"
+
+
 def xla_total(dump: str, name: str = "train_step") -> int:
     """The largest "Total bytes used" of XLA modules named like `name` in `dump`."""
-    return _largest_buffer_assignment(buffer_assignments(dump, name), name)[0]
+    return largest_buffer_assignment(buffer_assignments(dump, name), name)[0]
 
 
 def xla_peak(dump: str, name: str = "train_step") -> int:
@@ -32,25 +38,30 @@ def buffer_assignments(dump: str, name: str) -> list[str]:
 def peak_of(paths: list[str], name: str = "train_step") -> int:
     """XLA's "peak usage" of the module with the largest total among the buffer
     assignments at `paths` (`buffer_assignments`; `name` only names it in errors)."""
-    text = _largest_buffer_assignment(paths, name)[1]
+    return peak_in(largest_buffer_assignment(paths, name)[1], name)
+
+
+def peak_in(text: str, name: str = "train_step") -> int:
+    """XLA's "peak usage" stated in one buffer-assignment text."""
     found = re.search(r"peak usage: ([\d ]+) bytes", text)
     if not found:
         raise RuntimeError(f"XLA's buffer assignment for {name} states no peak usage")
     return int(found.group(1).replace(" ", ""))
 
 
-def _largest_buffer_assignment(paths: list[str], name: str) -> tuple[int, str]:
-    """(total bytes, text) of the buffer assignment at `paths` with the largest total."""
+def largest_buffer_assignment(paths: list[str], name: str) -> tuple[int, str, str]:
+    """(total bytes, text, path) of the buffer assignment at `paths` with the
+    largest total."""
     found = []
     for path in paths:
         with open(path) as f:
             text = f.read()
         total = re.search(r"Total bytes used: (\d+)", text)
         if total:
-            found.append((int(total.group(1)), text))
+            found.append((int(total.group(1)), text, path))
     if not found:
         raise RuntimeError(f"XLA wrote no buffer assignment for {name}")
-    return max(found, key=lambda pair: pair[0])
+    return max(found, key=lambda found: found[0])
 
 
 def high_water_mb() -> float:

@@ -23,23 +23,23 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks.harness import xla_memory
+
 METHODS = ("keras", "keras_als")
 SHOWN = 3
 """Buffers printed per method: the largest live at the peak."""
 
 
-def peak_buffers(text: str) -> tuple[int, int, list[tuple[str, int, str]]]:
-    """(peak bytes, total bytes, [(buffer, bytes, live range)] at the peak,
-    largest first) of one buffer-assignment text."""
-    peak = int(re.search(r"peak usage: ([\d ]+) bytes", text).group(1).replace(" ", ""))
-    total = int(re.search(r"Total bytes used: (\d+)", text).group(1))
+def peak_buffers(text: str) -> list[tuple[str, int, str]]:
+    """[(buffer, bytes, live range)] live at XLA's peak, largest first, of one
+    buffer-assignment text."""
     at_peak = text.split("(peak):", 1)[1].split("\n\n", 1)[0]
     ranges = dict(re.findall(r"^\s+(\S+)\{\}:(\d+-\d+)$", text, flags=re.M))
     buffers = [
         (name, int(size), ranges.get(name, "?"))
         for name, size in re.findall(r"^\s+(\S+)\{\}: (\d+) bytes", at_peak, flags=re.M)
     ]
-    return peak, total, sorted(buffers, key=lambda b: -b[1])
+    return sorted(buffers, key=lambda b: -b[1])
 
 
 def instruction(program: str, name: str) -> str:
@@ -57,10 +57,9 @@ def _compile_one(name: str, method: str) -> None:
     measure.step(model, x, y)
 
 
-def _largest(dump: str, suffix: str) -> str:
-    """The text of the dumped step file ending in `suffix` with the most bytes."""
-    paths = [os.path.join(dump, p) for p in os.listdir(dump) if p.endswith(suffix)]
-    with open(max(paths, key=os.path.getsize)) as f:
+def _program(assignment: str) -> str:
+    """The optimized program dumped beside the buffer assignment at `assignment`."""
+    with open(assignment.replace("-buffer-assignment.txt", ".txt")) as f:
         return f.read()
 
 
@@ -71,22 +70,15 @@ def report(name: str) -> None:
     print("| --- | --- | --- | --- |")
     for method in METHODS:
         with tempfile.TemporaryDirectory() as dump:
-            flags = (
-                f"--xla_dump_to={dump} --xla_dump_hlo_as_text"
-                " --xla_dump_hlo_module_re=.*one_step_on_data.*"
-            )
-            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", XLA_FLAGS=flags)
-            command = [
-                sys.executable,
-                "-m",
-                "benchmarks.profiles.peak_buffers",
-                "--compile",
-                name,
-                method,
-            ]
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+            env["XLA_FLAGS"] = xla_memory.dump_flags(dump, "one_step_on_data")
+            module = "benchmarks.profiles.peak_buffers"
+            command = [sys.executable, "-m", module, "--compile", name, method]
             subprocess.run(command, env=env, check=True)
-            peak, total, buffers = peak_buffers(_largest(dump, "buffer-assignment.txt"))
-            program = _largest(dump, "cpu_after_optimizations.txt")
+            paths = xla_memory.buffer_assignments(dump, "one_step_on_data")
+            total, text, path = xla_memory.largest_buffer_assignment(paths, "one_step_on_data")
+            peak, buffers = xla_memory.peak_in(text), peak_buffers(text)
+            program = _program(path)
         shown = "; ".join(
             f"`{b}` {size / 1e6:.1f} MB, live {live} ({instruction(program, b)})"
             for b, size, live in buffers[:SHOWN]

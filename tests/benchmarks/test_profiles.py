@@ -311,7 +311,8 @@ def test_keras_copies_its_finiteness_predicate_into_every_update_and_keras_als_d
     assert ours[4]["largest"] == ours[12]["largest"] < keras_found[12]["largest"]
 
 
-def test_the_peak_buffers_profile_reads_the_buffers_live_at_xlas_peak():
+def test_the_peak_buffers_profile_reads_the_buffers_live_at_xlas_peak(tmp_path):
+    from benchmarks.harness import xla_memory
     from benchmarks.profiles import peak_buffers
 
     text = "\n".join(
@@ -327,9 +328,11 @@ def test_the_peak_buffers_profile_reads_the_buffers_live_at_xlas_peak():
             "  Stack trace breakdown for peak usage: 620 bytes",
         ]
     )
-    peak, total, buffers = peak_buffers.peak_buffers(text)
-    assert (peak, total) == (620, 900)
-    assert buffers == [
+    path = tmp_path / "step-buffer-assignment.txt"
+    path.write_text(text)
+    assert xla_memory.largest_buffer_assignment([str(path)], "step") == (900, text, str(path))
+    assert xla_memory.peak_in(text) == 620
+    assert peak_buffers.peak_buffers(text) == [
         ("conv.1", 300, "10-14"),
         ("select_fusion", 300, "14-19"),
         ("arg0.1", 20, "?"),
