@@ -16,9 +16,8 @@ import time
 
 import keras
 
-import keras_als
 from benchmarks.cost_at_size import plan
-from benchmarks.harness import ablations, xla_memory
+from benchmarks.harness import ablations, scaling, xla_memory
 
 METHODS = ("keras", "keras_als")
 """The methods compared; an ablation of keras_als (`harness.ablations`) may join them."""
@@ -29,21 +28,24 @@ def build_order(methods: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(methods) + tuple(reversed(methods))
 
 
-def build(name: str, method: str) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+def build(
+    name: str, method: str, wrap: bool | None = None
+) -> tuple[keras.Model, keras.optimizers.Optimizer]:
     """Model `name` for `method`, compiled with XLA, from the same initial weights."""
     keras.config.set_dtype_policy("mixed_float16")
     keras.utils.set_random_seed(0)
-    return compiled(plan.builder(name)(), method)
+    return compiled(plan.builder(name)(), method, wrap)
 
 
-def compiled(model: keras.Model, method: str) -> tuple[keras.Model, keras.optimizers.Optimizer]:
-    """`model` (instrumented for a keras_als method) compiled with XLA and `method`'s optimizer."""
+def compiled(
+    model: keras.Model, method: str, wrap: bool | None = None
+) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+    """`model` compiled with XLA and `method`'s optimizer, instrumented if
+    `wrap` (None: for a keras_als method)."""
+    adaptive = method.startswith("keras_als")
     inner = keras.optimizers.SGD(plan.LEARNING_RATE)
-    if method.startswith("keras_als"):
-        keras_als.wrap_model(model)
-        optimizer = keras_als.AdaptiveLossScaleOptimizer(inner)
-    else:
-        optimizer = keras.optimizers.LossScaleOptimizer(inner)
+    wrap = adaptive if wrap is None else wrap
+    model, optimizer = scaling.loss_scaled(model, inner, wrap=wrap, adaptive=adaptive)
     if hasattr(model, "backbone"):  # a KerasHub task: its own loss and metrics
         model.compile(optimizer=optimizer, jit_compile=True)
     else:

@@ -106,6 +106,20 @@ class Method:
         return model, self.optimizer(inner or keras.optimizers.Adam(1e-3))
 
 
+def loss_scaled(
+    model: keras.Model, inner: keras.optimizers.Optimizer, *, wrap: bool, adaptive: bool
+) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+    """The two sides of every cost comparison, with their defaults: `model`,
+    wrapped in place by `keras_als.wrap_model` if `wrap`, and `inner` under
+    `keras_als.AdaptiveLossScaleOptimizer` if `adaptive`, else under Keras's
+    `LossScaleOptimizer`."""
+    if wrap:
+        keras_als.wrap_model(model)
+    if adaptive:
+        return model, keras_als.AdaptiveLossScaleOptimizer(inner)
+    return model, keras.optimizers.LossScaleOptimizer(inner)
+
+
 def fixed(scale: float) -> Method:
     """One global fixed scale: keras_als's `Fixed` policy on an unwrapped model."""
     return Method(

@@ -14,10 +14,11 @@ import os
 import re
 
 
-def dump_flags(dump: str, name: str) -> str:
+def dump_flags(dump: str, name: str | None = None) -> str:
     """`XLA_FLAGS` that dump the optimized programs and buffer assignments of
-    the modules named like `name` into `dump`, as text."""
-    return f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*{name}.*"
+    the modules named like `name` (every module if None) into `dump`, as text."""
+    flags = f"--xla_dump_to={dump} --xla_dump_hlo_as_text"
+    return flags if name is None else f"{flags} --xla_dump_hlo_module_re=.*{name}.*"
 
 
 def xla_total(dump: str, name: str = "train_step") -> int:

@@ -45,9 +45,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import keras_als  # noqa: E402
 from benchmarks.cost_at_size import plan  # noqa: E402
-from benchmarks.harness import ablations, provenance  # noqa: E402
+from benchmarks.harness import ablations, provenance, scaling  # noqa: E402
 from benchmarks.harness.xla_step import compiled_step  # noqa: E402
 from benchmarks.profiles.step_program import dump_programs, new_step_program, normalized  # noqa: E402
 
@@ -96,12 +95,9 @@ def _build(name: str, variant: str):
     keras.utils.set_random_seed(0)
     model = plan.builder(name)()
     inner = keras.optimizers.SGD(plan.LEARNING_RATE)
-    if variant not in ("keras", "optimizer_only"):
-        keras_als.wrap_model(model)
-    if variant == "keras" or variant == "wrapper_only":
-        optimizer = keras.optimizers.LossScaleOptimizer(inner)
-    else:
-        optimizer = keras_als.AdaptiveLossScaleOptimizer(inner)
+    wrap = variant not in ("keras", "optimizer_only")
+    adaptive = variant not in ("keras", "wrapper_only")
+    model, optimizer = scaling.loss_scaled(model, inner, wrap=wrap, adaptive=adaptive)
     optimizer.build(model.trainable_variables)
     hub = hasattr(model, "backbone")  # KerasHub tasks return logits; applications softmax
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=hub)

@@ -30,8 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 
-import keras_als  # noqa: E402
-from benchmarks.harness import hub_tasks, provenance, zoo  # noqa: E402
+from benchmarks.harness import hub_tasks, provenance, scaling, xla_memory, zoo  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "step_program")
 METHODS = ("keras_lso", "keras_als")
@@ -94,7 +93,7 @@ def dump_programs() -> str:
     process (XLA reads its flags at its first compile: call this before it)."""
     folder = tempfile.mkdtemp(prefix="step_program_")
     flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={folder} --xla_dump_hlo_as_text"
+    os.environ["XLA_FLAGS"] = f"{flags} {xla_memory.dump_flags(folder)}".strip()
     return folder
 
 
@@ -115,12 +114,9 @@ def measure(name: str, method: str, folder: str, seen: set[str]) -> dict:
     build, x, y = MODELS[name]()
     keras.config.set_dtype_policy("mixed_float16")
     keras.utils.set_random_seed(0)
-    if method == "keras_als":
-        model = keras_als.wrap_model(build())
-        optimizer = keras_als.AdaptiveLossScaleOptimizer(keras.optimizers.Adam(1e-3))
-    else:
-        model = build()
-        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    adaptive = method == "keras_als"
+    inner = keras.optimizers.Adam(1e-3)
+    model, optimizer = scaling.loss_scaled(build(), inner, wrap=adaptive, adaptive=adaptive)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile(optimizer=optimizer, loss=loss, jit_compile=True)
     history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)

@@ -32,7 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import keras_als  # noqa: E402
+from benchmarks.harness import scaling  # noqa: E402
 from benchmarks.harness.xla_step import compiled_step  # noqa: E402
 
 DEPTHS = (16, 32, 64, 128)
@@ -55,12 +55,9 @@ def first_step(depth: int, method: str) -> dict:
     keras.utils.set_random_seed(0)
     layers = [keras.layers.Dense(WIDTH, activation="relu") for _ in range(depth)]
     model = keras.Sequential([keras.Input((WIDTH,)), *layers, keras.layers.Dense(10)])
+    adaptive = method == "keras_als"
     inner = keras.optimizers.SGD(0.01)
-    if method == "keras_als":
-        keras_als.wrap_model(model)
-        optimizer = keras_als.AdaptiveLossScaleOptimizer(inner)
-    else:
-        optimizer = keras.optimizers.LossScaleOptimizer(inner)
+    model, optimizer = scaling.loss_scaled(model, inner, wrap=adaptive, adaptive=adaptive)
     optimizer.build(model.trainable_variables)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     step = compiled_step(model, optimizer, loss)

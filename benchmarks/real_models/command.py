@@ -78,10 +78,7 @@ def _probe(kind: str, name: str, method: str, jit: bool) -> None:
         print(json.dumps({"first_step": time.perf_counter() - start}))
         return
     with tempfile.TemporaryDirectory(prefix="keras_als_xla_") as dump:
-        os.environ["XLA_FLAGS"] = (
-            f"--xla_dump_to={dump} --xla_dump_hlo_as_text "
-            "--xla_dump_hlo_module_re=.*one_step_on_data.*"
-        )
+        os.environ["XLA_FLAGS"] = xla_memory.dump_flags(dump, "one_step_on_data")
         model, _ = build(name, method, wrap=wrap)
         x, y = data(name, 1)
         before = xla_memory.high_water_mb()

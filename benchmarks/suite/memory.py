@@ -223,9 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     model, method, steps, ablation = [*args.arguments, "20", ""][:4]
     with tempfile.TemporaryDirectory(prefix="keras_als_xla_") as dump:
         os.environ["XLA_DUMP_DIR"] = dump
-        os.environ["XLA_FLAGS"] = (
-            f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train_step.*"
-        )
+        os.environ["XLA_FLAGS"] = xla_memory.dump_flags(dump, "train_step")
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         with ablations.named(ablation):
             print(json.dumps(_probe(model, method, int(steps))), flush=True)

@@ -210,6 +210,28 @@ def test_instance_groups_alternate_which_method_is_built_first():
     assert firsts.count("keras") == firsts.count("wrapper_only") == 2
 
 
+@pytest.mark.parametrize("wrap", [False, True])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_the_cost_comparisons_sides_wrap_in_place_and_keep_the_inner_optimizer(wrap, adaptive):
+    """Every cost study builds its two sides through `scaling.loss_scaled`: the
+    model itself, wrapped only if asked, and the inner optimizer under
+    keras_als's optimizer or Keras's, at their defaults."""
+    import keras
+
+    import keras_als
+    from benchmarks.harness import scaling
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    inner = keras.optimizers.SGD(0.1)
+    built, optimizer = scaling.loss_scaled(model, inner, wrap=wrap, adaptive=adaptive)
+    assert built is model
+    assert (keras_als.instrument.hook_of(model.layers[0]) is not None) == wrap
+    expected = (
+        keras_als.AdaptiveLossScaleOptimizer if adaptive else keras.optimizers.LossScaleOptimizer
+    )
+    assert type(optimizer) is expected and optimizer.inner_optimizer is inner
+
+
 def test_memory_reads_the_total_and_the_peak_of_the_largest_compiled_step(tmp_path):
     """XLA's buffer-assignment dumps, as it writes them (numbers from a real
     dump): the total and the peak usage both come from the module with the
