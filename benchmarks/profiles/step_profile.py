@@ -26,6 +26,14 @@ The profiler's own tracing makes every step slower; the parts are compared
 between the optimizers, both profiled alike.
 
     python -m benchmarks.profiles step_profile --models gpt2_tiny,mobilenet_v2
+
+A model of the cost study at real size (`benchmarks.cost_at_size`: DenseNet121,
+ConvNeXtTiny, ...) is built and stepped as that study does (its inputs, batch
+and SGD, its warm-up), so that a ratio of its table can be taken apart:
+
+    python -m benchmarks.profiles step_profile --models densenet121
+
+writes `results/step_profile_at_size.{json,md}` (`--out` to change it).
 """
 
 from __future__ import annotations
@@ -43,9 +51,12 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
+from benchmarks.cost_at_size import measure as cost_measure  # noqa: E402
+from benchmarks.cost_at_size import plan as cost_plan  # noqa: E402
 from benchmarks.harness import isolation  # noqa: E402
 from benchmarks.real_models import architectures, timing  # noqa: E402
 
@@ -71,14 +82,13 @@ marks where an asynchronous one ends."""
 
 def profile(name: str, rounds: int = 40, instances: int = 2, seed: int = 0) -> dict:
     """Profiles `rounds` steps of `instances` compiled instances of each of
-    `VARIANTS` on model `name` (after 3 warm-up steps each) and splits their
-    time (`split`)."""
-    x, y = architectures.data(name, 1, seed)
+    `VARIANTS` on model `name` (after 3 warm-up steps each; a model of the cost
+    study, `AT_SIZE`, after the study's warm-up) and splits their time (`split`)."""
+    x, y, warmed_up = _at_size(name) if name in AT_SIZE else _real_model(name, seed)
     models = {}
-    timing.discard_first_build(name, x, y, seed)
     for k in range(instances):
         for variant in isolation.in_build_order(tuple(VARIANTS), k):
-            models[f"{variant}/{k}"] = timing.warmed_up(name, x, y, seed, **VARIANTS[variant])
+            models[f"{variant}/{k}"] = warmed_up(**VARIANTS[variant])
     order = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="keras_als_profile_") as logdir:
         tf.profiler.experimental.start(logdir)
@@ -92,6 +102,32 @@ def profile(name: str, rounds: int = 40, instances: int = 2, seed: int = 0) -> d
         with open(path, "rb") as f:
             space.ParseFromString(f.read())
     return summarize(split(space), instances)
+
+
+AT_SIZE = (*cost_plan.MODELS, *cost_plan.SWEEP)
+"""The cost study's models (`benchmarks.cost_at_size`), profiled at its settings:
+its inputs and batch, SGD, `WARMUP` steps before any is profiled."""
+
+
+def _real_model(name: str, seed: int):
+    """`real_models`' data and warm-up for model `name` (its first build discarded)."""
+    x, y = architectures.data(name, 1, seed)
+    timing.discard_first_build(name, x, y, seed)
+    return x, y, lambda **arguments: timing.warmed_up(name, x, y, seed, **arguments)
+
+
+def _at_size(name: str):
+    """The cost study's data and warm-up for its model `name` (its first build discarded)."""
+    x, y = cost_plan.data(name)
+
+    def warmed_up(method: str, wrap: bool | None = None) -> keras.Model:
+        model, _ = cost_measure.build(name, method, wrap)
+        for _ in range(cost_plan.WARMUP):
+            cost_measure.step(model, x, y)
+        return model
+
+    cost_measure.warm_up_process()
+    return x, y, warmed_up
 
 
 def split(space) -> dict[str, list[dict[str, float]]]:
@@ -190,11 +226,18 @@ def summarize(steps: dict, instances: int) -> dict:
 
 def markdown(results: dict, kernels: int = 8) -> str:
     """One table per model: the parts, then the kernel kinds keras_als moved most."""
+    at_size = all(name in AT_SIZE for name in results["models"])
+    steps = (
+        "the steps of the cost study, `benchmarks.cost_at_size` (mixed_float16, XLA, SGD, "
+        "its inputs and batch)"
+        if at_size
+        else "the steps of `benchmarks.real_models` (mixed_float16, XLA, Adam, batch 8)"
+    )
     lines = [
-        "# Where the step time goes (issue 12)",
+        "# Where the step time goes" + (" at real size (issue 79)" if at_size else " (issue 12)"),
         "",
-        "`python -m benchmarks.profiles step_profile`: the steps of `benchmarks.real_models` "
-        "(mixed_float16, XLA, Adam, batch 8) under TensorFlow's profiler, which slows "
+        f"`python -m benchmarks.profiles step_profile`: {steps} under TensorFlow's profiler, "
+        "which slows "
         "every step; median microseconds per step, the mean over compiled instances of "
         "each variant, and each variant's difference from Keras's. `program`: XLA running "
         "the compiled step; `launch`: TensorFlow calling it; `python`: the rest of "
@@ -209,7 +252,8 @@ def markdown(results: dict, kernels: int = 8) -> str:
         spread = result["keras_spread_us"]
         lines += [
             "",
-            f"## {name} ({result['instances']} instances of each)",
+            f"## {name} ({result['instances']} instances of each"
+            + (", the cost study's settings)" if name in AT_SIZE else ")"),
             "",
             "| part | Keras (us) | keras_als | wrapper_only | optimizer_only | Keras spread |",
             "| --- | --- | --- | --- | --- | --- |",
@@ -229,14 +273,20 @@ def main(argv=None) -> None:
     parser.add_argument("--models", default="gpt2_tiny,mobilenet_v2")
     parser.add_argument("--rounds", type=int, default=40, help="profiled steps per instance")
     parser.add_argument("--instances", type=int, default=2, help="compiled instances of each")
-    parser.add_argument("--out", default="benchmarks/results/step_profile")
+    parser.add_argument(
+        "--out", help="path without suffix (default: results/step_profile[_at_size])"
+    )
     args = parser.parse_args(argv)
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_enable_xprof_traceme=true".strip()
     results = {"models": {}}
     names = args.models.split(",")
+    if args.out is None:
+        at_size = all(name in AT_SIZE for name in names)
+        args.out = "benchmarks/results/step_profile" + ("_at_size" if at_size else "")
     for name in names:
-        architectures.builder(name)  # an unknown name fails before any run
+        if name not in AT_SIZE:
+            architectures.builder(name)  # an unknown name fails before any run
     for name in names:
         result = profile(name, args.rounds, args.instances)
         results["models"][name] = result

@@ -119,6 +119,34 @@ def test_the_step_profile_compares_each_variant_with_keras_over_instances():
     assert "| launch | 200 | +0 | +0 | +0 | 0 |" in table
 
 
+def test_the_step_profile_builds_a_cost_study_model_as_that_study_does(monkeypatch):
+    """A model of the cost study is built by the study's builder for each
+    variant: wrapped or not, and under the optimizer the variant names; its
+    batch is the study's."""
+    import keras
+
+    import keras_als
+    from benchmarks.cost_at_size import measure, plan
+    from benchmarks.profiles import step_profile
+
+    monkeypatch.setattr(measure, "warm_up_process", lambda: None)
+    monkeypatch.setattr(plan, "WARMUP", 0)
+    x, y, warmed_up = step_profile._at_size("densenet_1x4")
+    assert x.shape[0] == plan.BATCH and len(y) == plan.BATCH
+    expected = {
+        "keras": (False, keras.optimizers.LossScaleOptimizer),
+        "keras_als": (True, keras_als.AdaptiveLossScaleOptimizer),
+        "wrapper_only": (True, keras.optimizers.LossScaleOptimizer),
+        "optimizer_only": (False, keras_als.AdaptiveLossScaleOptimizer),
+    }
+    for variant, (wrapped, optimizer) in expected.items():
+        model = warmed_up(**step_profile.VARIANTS[variant])
+        hooks = [keras_als.instrument.hook_of(layer) for layer in model._flatten_layers()]
+        assert any(h is not None for h in hooks) == wrapped, variant
+        assert type(model.optimizer) is optimizer, variant
+    keras.config.set_dtype_policy("float32")
+
+
 def test_the_trace_profile_splits_a_first_step_and_counts_keras_als_s_branches(capsys, monkeypatch):
     """A tiny GPT-2's first step without XLA, for both methods: the time in
     TensorFlow's runtime is found (else `graph` reads 0), keras_als's step
