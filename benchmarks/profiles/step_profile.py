@@ -117,7 +117,8 @@ def _real_model(name: str, seed: int):
 
 
 def _at_size(name: str):
-    """The cost study's data and warm-up for its model `name` (its first build discarded)."""
+    """The cost study's data and warm-up for its model `name`, after the study's
+    untimed compile of a tiny model of each method (`measure.warm_up_process`)."""
     x, y = cost_plan.data(name)
 
     def warmed_up(method: str, wrap: bool | None = None) -> keras.Model:
