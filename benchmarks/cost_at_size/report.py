@@ -12,7 +12,8 @@ CAUSES = (
     "The gradients crossing into the concatenations are bounded rather than read "
     "(`keras_als/step/_join_bounds.py`; `--ablation joins_read` puts the reads back); what "
     "stays is the other boundaries' reductions, whose branches cost on every step (their "
-    "operands are written out, and the program waits at each), and the rescaling.",
+    "operands are written out), and the rescaling. Reduced in one branch after backprop, "
+    "DenseNet121's step is no faster and its peak 1.34x (benchmarks/README.md).",
     "**First step over its target.** Tracing and TensorFlow's lowering to XLA grow with "
     "the operations keras_als adds (the boundaries, the crossing reductions), XLA's compile "
     "with the kernels: a scale sliced out of the vector of scales makes each layer's update "
