@@ -27,29 +27,36 @@ def _float32_after():
 STEPS = 120
 
 
-@pytest.fixture(scope="module")
-def swin():
-    """keras_als alone trained `STEPS` steps on Swin: its initial weights,
-    model, optimizer, the warnings of `fit` and Keras's skipped steps."""
+@pytest.mark.slow
+def test_on_swin_keras_als_alone_trains_every_layer_and_overflows_in_the_stream_stop_recurring():
+    """keras_als alone, 120 steps of Adam 1e-3 on the flat canvases, against
+    Keras's optimizer on the same weights and batches (one test: both halves
+    read the one run, which takes a minute on 2 cores).
+
+    Overflows in the residual stream teach headroom and stop recurring:
+    keras_als skips no more steps than Keras's optimizer (which skips 30 or so
+    while halving its scale from 2**15). Before overflows on cycles had an
+    origin, keras_als skipped every other step from step 10 on (about 65 of
+    120): each measurement at the floor, where the stream's gradients flush to
+    zero, raised its scale 36 binades, into the next overflow.
+
+    Every layer trains and none is named: at the start, float32's gradients
+    reach 1.8e15 in the patch embedding, which float16 holds only at 2**-35 or
+    lower. Each stage's residual stream has a scale of its own, and the patch
+    embedding's falls as low as it needs, so every weight trains, the
+    LayerNorms leave the start's degenerate state (all-equal tokens) and every
+    scale rises back to 1 or more. Before (the streams of both stages one
+    component, the floor at 2**-24), the stream sat at the floor, where the
+    head's gradient flushed to zero whole: no weight of the backbone changed.
+    """
     x, y, model, optimizer, keras_skipped = tasks.swin_on_flat_canvases(STEPS, seed=1)
     initial = {v.path: v.numpy() for v in model.weights}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
-    yield initial, model, optimizer, [str(w.message) for w in caught], keras_skipped
-    keras.config.set_dtype_policy("float32")
-
-
-@pytest.mark.slow
-def test_on_swin_overflows_in_the_residual_stream_teach_headroom_and_stop_recurring(swin):
-    """120 steps of Adam 1e-3: keras_als alone skips no more steps than Keras's
-    optimizer (which skips 30 or so while halving its scale from 2**15). Before
-    overflows on cycles had an origin, keras_als skipped every other step from
-    step 10 on (about 65 of 120): each measurement at the floor, where the
-    stream's gradients flush to zero, raised its scale 36 binades, into the
-    next overflow."""
-    _, model, optimizer, _, keras_skipped = swin
+    said = [str(w.message) for w in caught]
     telemetry = optimizer.telemetry()
+
     skipped = telemetry["skipped_steps"]
     print(f"skipped: keras_als {skipped}, Keras {keras_skipped}")
     assert skipped <= keras_skipped, (skipped, keras_skipped)
@@ -59,19 +66,6 @@ def test_on_swin_overflows_in_the_residual_stream_teach_headroom_and_stop_recurr
     assert last_overflow < STEPS - 50, last_overflow  # none recurs in the last 50 steps
     assert all(np.isfinite(w).all() for w in model.get_weights())
 
-
-@pytest.mark.slow
-def test_on_swin_keras_als_alone_trains_every_layer_and_names_none(swin):
-    """At the start, float32's gradients reach 1.8e15 in the patch embedding,
-    which float16 holds only at 2**-35 or lower. Each stage's residual stream
-    has a scale of its own, and the patch embedding's falls as low as it
-    needs, so every weight trains, the LayerNorms leave the start's
-    degenerate state (all-equal tokens) and every scale rises back to 1 or
-    more. Before (the streams of both stages one component, the floor at
-    2**-24), the stream sat at the floor, where the head's gradient flushed to
-    zero whole: no weight of the backbone changed."""
-    initial, model, optimizer, said, _ = swin
-    telemetry = optimizer.telemetry()
     now = {v.path: v.numpy() for v in model.weights}
     unchanged = [p for p, w in now.items() if np.array_equal(w, initial[p])]
     assert unchanged == [], unchanged
