@@ -76,6 +76,28 @@ def test_waiting_gradients_are_reduced_together_once_they_hold_the_budget(
     assert found == branches
 
 
+def test_groups_of_gradients_of_one_shape_share_one_traced_branch():
+    # Each 128 KiB gradient fills a group alone: four branches, of two shapes.
+    boundaries = [object() for _ in range(4)]
+    shapes = [(256, 256), (256, 256), (512, 128), (256, 256)]
+    found = {}
+
+    @tf.function
+    def step(measuring):
+        crossings = _crossings.Crossings(tf.compat.v1.get_default_graph(), measuring, False)
+        for b, shape in zip(boundaries, shapes):
+            crossings.arrived(b, [tf.ones(shape, tf.float16)])
+        crossings.finish()
+        graph = tf.compat.v1.get_default_graph()
+        branches = [op for op in graph.get_operations() if op.type == "StatelessIf"]
+        found["ifs"] = len(branches)
+        found["traced"] = len({op.get_attr("then_branch").name for op in branches})
+        return [crossings.reduced[id(b)].amax for b in boundaries]
+
+    assert [float(v) for v in step(tf.constant(True))] == [1.0] * 4
+    assert found == {"ifs": 4, "traced": 2}
+
+
 def test_gradients_from_a_nested_graph_are_not_part_of_the_plan():
     boundary = object()
 
