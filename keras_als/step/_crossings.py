@@ -29,9 +29,9 @@ through a `StatelessIf`: a transformer's crossing gradients have a few shapes,
 so its hundred branches share a few functions, and TensorFlow's lowering to
 XLA, which lowers a function once for all its calls, lowers a few. Built with
 `tf.cond`, each branch was a graph of its own: on ViT-Base (100 branches)
-tracing the step took 5.3 s and lowering it 5.9 s, against 3.5 s and 4.0 s
+tracing the step took 5.3 s and lowering it 5.9 s, against 3.8 s and 4.0 s
 with shared functions (`python -m benchmarks.profiles first_step --models
-vit_base`; Keras's optimizer 2.6 s and 2.5 s).
+vit_base`; Keras's optimizer 2.7 s and 2.4 s).
 
 A boundary whose gradient `_join_bounds` can bound from the others (a
 join's input) is not reduced: `complete` gives it its bound instead.
