@@ -94,6 +94,7 @@ class Crossings:
         self.graph = graph
         self.measuring = measuring
         self.count_zeros = count_zeros
+        self.per_boundary = 5 if count_zeros else 2  # values of each `Reduced`
         self.bounds = bounds
         self.reduced: dict[int, Reduced] = {}  # id(boundary) -> its reduction
         self._waiting: list[tuple[object, list[tf.Tensor]]] = []
@@ -145,7 +146,7 @@ class Crossings:
         waiting, self._waiting, self._waiting_bytes = self._waiting, [], 0
         if not waiting:
             return
-        per_boundary = 5 if self.count_zeros else 2
+        per_boundary = self.per_boundary
         tensors = [values_of(g) for _, gradients in waiting for g in gradients]
         groups = tuple(len(gradients) for _, gradients in waiting)
         reduce, nothing = self._branches(tensors, groups)
@@ -189,7 +190,7 @@ class Crossings:
                         values.append(tf.add_n([c[1] for c in counts]))
                 return _kept_by_xla(values)
 
-            outputs = (5 if count_zeros else 2) * len(groups)
+            outputs = self.per_boundary * len(groups)
 
             def nothing(*tensors):
                 return (tf.constant(0.0),) * outputs
