@@ -87,5 +87,7 @@ The plan (written before the first number; a change after a run is said here):
   above the plan's 600 s (its time is in its rows), on a core of its own.
 
 Modules: `families` (the builders and their data), `study` (one family's run),
-`report` (the verdicts and the table), `command` (the command line).
+`report` (the verdicts, the table and why a family did not pass), `command`
+(the command line), `skips` (where keras_als skipped a step that Keras's
+optimizer did not, on one family and seed).
 """

@@ -1,12 +1,18 @@
 """The KerasHub families sweep (`benchmarks/keras_hub_families`): its data,
 its verdicts against hand-made rows, and one real tiny run."""
 
+import dataclasses
+import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
 
-from benchmarks.keras_hub_families import batches, report, study
+from benchmarks.harness import scaling
+from benchmarks.keras_hub_families import batches, families, report, skips, study
+
+RESULTS = pathlib.Path(__file__).parents[2] / "benchmarks" / "results"
 
 
 def _row(family, method, seed, outcome, skipped=0, **extra):
@@ -181,3 +187,45 @@ def test_the_recorded_command_leaves_out_the_output_folder():
     assert provenance.recorded_command("benchmarks.keras_hub_families", argv) == (
         "python -m benchmarks.keras_hub_families --families bert --seeds 1"
     )
+
+
+def test_every_family_that_did_not_pass_the_committed_sweep_is_explained_in_its_section():
+    """RESULTS.md's sweep says why each family failed or got no verdict."""
+    with open(RESULTS / "keras_hub_families.json") as f:
+        results = json.load(f)
+    rows = results["runs"]
+    order = report.families_in(rows, list(families.FAMILIES))
+    short = {name for name in order if report.verdict(rows, name).startswith(("fail", "timed out"))}
+    assert short and short <= set(report.EXPLAINED), short - set(report.EXPLAINED)
+    text = report.markdown(results, list(families.FAMILIES))
+    for name in short:
+        assert f"- **{name}**: {report.EXPLAINED[name]}" in text
+    assert "- **opt**" not in text  # a family that passed is not explained
+
+
+def test_the_skip_table_gives_each_skip_and_the_scales_where_it_started():
+    events = [
+        {
+            "step": 30,
+            "keras_skipped": False,
+            "keras_scale": 2.0**15,
+            "keras_als_skipped": True,
+            "keras_als_origins": {"block/query": 2.0**17, "stream": 2.0**13},
+        }
+    ]
+    lines = skips.table(events)
+    assert lines[2] == "| 30 | False (2^15) | True | `block/query`: 2^17, `stream`: 2^13 |"
+    assert skips.table([])[2].startswith("| - | no step skipped")
+
+
+@pytest.mark.slow
+def test_the_skip_trace_finds_a_step_keras_als_skipped_from_too_large_a_scale(monkeypatch):
+    """With every scale starting at 2**40 keras_als skips its first step, where
+    Keras's optimizer at 2**15 does not; the trace says so and where it started."""
+    too_large = dataclasses.replace(scaling.ALS_MAX_SAFE, initial_scale=2.0**40)
+    monkeypatch.setattr(skips.scaling, "ALS_MAX_SAFE", too_large)
+    events = skips.trace("distil_bert", 1, steps=2)
+    first = events[0]
+    assert first["step"] == 0 and first["keras_als_skipped"] and not first["keras_skipped"]
+    assert first["keras_scale"] == 2.0**15
+    assert first["keras_als_origins"] and set(first["keras_als_origins"].values()) == {2.0**40}
