@@ -64,10 +64,11 @@ def test_boundaries_up_to_the_divided_rank_divide_and_larger_ones_multiply(rank)
         assert kinds.count("Mul") == 1 and "RealDiv" not in kinds, kinds
 
 
-def test_the_plan_computes_every_boundarys_factor_in_one_vector_division():
+def test_every_boundarys_factor_is_exact_and_reads_its_scales_through_runtime_indices():
     """Two convolutions (feature maps: the boundary multiplies) and two dense
     layers (features: it divides), each with its own scale: every factor is
-    the divisor or its reciprocal, exactly, and all come from one op."""
+    the divisor or its reciprocal, exactly, a division of two scales each read
+    at an index held in a variable (`_indices`), not at a constant offset."""
     model = keras_als.wrap_model(
         keras.Sequential(
             [
@@ -92,12 +93,16 @@ def test_the_plan_computes_every_boundarys_factor_in_one_vector_division():
         optimizer.scale_loss(tf.reduce_sum(model(tf.ones((1, 8, 8, 3)))))
         plan = _step_record.read().plan_for(optimizer)
         crossing = [b for b in plan.boundaries() if id(b) in plan.factors]
-        seen.extend((b.divides, *plan.sides[id(b)], plan.factors[id(b)].op.name) for b in crossing)
+        seen.extend((b.divides, *plan.sides[id(b)], plan.factors[id(b)].op) for b in crossing)
         return tf.stack([plan.factors[id(b)] for b in crossing]), plan.scales
 
     got, scales = (t.numpy() for t in factors())
     assert sorted(divides for divides, _, _, _ in seen) == [False, True, True]
-    assert len({op for _, _, _, op in seen}) == 1
+    for *_, op in seen:
+        assert op.type == "RealDiv", op.type
+        reads = [t.op for t in op.inputs]
+        assert [r.type for r in reads] == ["GatherV2", "GatherV2"], reads
+        assert all(r.inputs[1].op.type == "ReadVariableOp" for r in reads)
     for (divides, upstream, own, _), factor in zip(seen, got):
         divisor = scales[own] / scales[upstream]
         assert divisor != 1.0

@@ -8,6 +8,7 @@ belong here and nowhere in the library.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 
 class _NoReductions:
@@ -143,6 +144,20 @@ def crossings_never_wait() -> contextlib.AbstractContextManager:
     return _replaced("_crossings", "Crossings", _none_waits)
 
 
+def _without_indices(make_plan, *args, indices=(), **kwargs):
+    return make_plan(*args, **kwargs)
+
+
+def constant_offsets() -> contextlib.AbstractContextManager:
+    """Steps traced inside read each component's scale at a constant offset
+    of the vector of scales, where keras_als reads it through a runtime index
+    (`keras_als.step._indices`; ablation only: the same values, more kernels
+    for XLA to compile)."""
+    return _replaced(
+        "_plan", "make_plan", lambda original: functools.partial(_without_indices, original)
+    )
+
+
 NAMED = {
     "no_crossing_reductions": without_crossing_reductions,
     "no_concatenation_reductions": without_concatenation_reductions,
@@ -150,6 +165,7 @@ NAMED = {
     "crossings_reduced_last": crossings_reduced_last,
     "crossings_reduced_early": crossings_reduced_early,
     "crossings_never_wait": crossings_never_wait,
+    "constant_offsets": constant_offsets,
 }
 """The ablations a command can name."""
 

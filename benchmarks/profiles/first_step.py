@@ -58,11 +58,13 @@ VARIANTS = (
     "keras_als",
     "no_crossing_reductions",
     "no_boundary_rescaling",
+    "constant_offsets",
 )
 PARTS = ("trace", "bridge", "xla", "run")
 _ABLATIONS = {
     "no_crossing_reductions": ablations.without_crossing_reductions,
     "no_boundary_rescaling": ablations.without_boundary_rescaling,
+    "constant_offsets": ablations.constant_offsets,
 }
 
 

@@ -4,8 +4,9 @@
 - `_step_record`: the one hand-off between the phases of a step;
 - `_layer_call`, `_boundary`, `_forward_state`: the forward side (boundaries
   around a scaled layer's call, the state it updates);
-- `_plan`, `_crossings`: the plan of the backward pass (scale components,
-  their scales) and the reductions of the gradients crossing the boundaries;
+- `_plan`, `_crossings`, `_indices`: the plan of the backward pass (scale
+  components, their scales, read at indices XLA cannot see) and the
+  reductions of the gradients crossing the boundaries;
 - `_apply_phases`, `_statistics`, `_skip`, `_scale_state`, `_entries`: what
   `apply` does: unscale, check, measure, choose, apply or skip, and the
   optimizer's state per scale.

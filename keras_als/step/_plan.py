@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 import tensorflow as tf
 
 from keras_als import policies
-from keras_als.step import _boundary, _crossings, _entries, _join_bounds
+from keras_als.step import _boundary, _crossings, _entries, _indices, _join_bounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +75,11 @@ class Plan:
     loss_finite: tf.Tensor  # bool: the loss (forward pass) was finite
     measuring: tf.Tensor | None = None  # bool: this step measures; None: every step does
     crossings: _crossings.Crossings | None = None  # reductions of the boundaries' gradients
+    each_scale: tuple = ()  # `scales`, one tensor each, read at runtime indices (`_indices`)
 
     def reciprocal_of(self, variable) -> tf.Tensor:
         """1 / the scale of `variable`'s component (exact: scales are powers of two)."""
-        return 1.0 / self.scales[self.index_of(variable)]
+        return 1.0 / self.each_scale[self.index_of(variable)]
 
     def index_of(self, variable) -> int:
         return self.component_of.get(id(variable.handle), self.loss_component)
@@ -211,6 +212,7 @@ def plan_for(state, loss: tf.Tensor, boundaries: Sequence, measures: bool) -> Pl
         measuring,
         count_zeros=bool(state.estimate_underflow),
         bound_joins=not isinstance(state.policy, policies.ApproxRange),
+        indices=state.indices,
     )
 
 
@@ -224,6 +226,7 @@ def make_plan(
     measuring: tf.Tensor | None = None,
     count_zeros: bool = False,
     bound_joins: bool = True,
+    indices: Sequence = (),
 ) -> Plan:
     """Finds the scale components behind `loss` and reads their scales.
 
@@ -241,6 +244,8 @@ def make_plan(
         count_zeros: Count zeros and subnormals too when measuring (telemetry).
         bound_joins: Bound the gradients crossing into joins from the others
             (`_join_bounds`) rather than reduce them.
+        indices: Runtime indices to read each component's scale through
+            (`_indices`); none: constant offsets.
 
     Returns:
         The frozen plan; `connect` it before backprop.
@@ -257,6 +262,7 @@ def make_plan(
     merged, final = _merge_by_entry(drafts)
     sides = {k: (final[a], final[o]) for k, (a, o) in sides.items()}
     scales = tf.gather(scale_vector, [c.entry for c in merged])
+    each_scale = _indices.read_each(scales, indices)
     frozen = tuple(
         Component(c.entry, c.name, tuple(c.aliases), tuple(c.inside), tuple(c.feeding))
         for c in merged
@@ -267,7 +273,7 @@ def make_plan(
         scales,
         types.MappingProxyType({k: final[c] for k, c in component_of.items()}),
         types.MappingProxyType(sides),
-        types.MappingProxyType(_factors(scales, reached, sides)),
+        types.MappingProxyType(_factors(scales, each_scale, reached, sides, bool(indices))),
         final[loss_component],
         built,
         loss_finite=tf.reduce_all(tf.math.is_finite(loss)),
@@ -277,6 +283,7 @@ def make_plan(
         )
         if built
         else None,
+        each_scale=each_scale,
     )
 
 
@@ -373,14 +380,18 @@ def _merge_by_entry(drafts: list[_Draft]) -> tuple[list[_Draft], list[int]]:
     return merged, final
 
 
-def _factors(scales: tf.Tensor, reached: list, sides: dict) -> dict:
-    """The factor of every boundary that joins two components, from one vector
-    op rather than one per boundary: the divisor (its output side's scale over
-    its input side's) for one that `divides`, else the divisor's reciprocal."""
+def _factors(scales: tf.Tensor, each: tuple, reached: list, sides: dict, indexed: bool) -> dict:
+    """The factor of every boundary that joins two components: the divisor
+    (its output side's scale over its input side's) for one that `divides`,
+    else the divisor's reciprocal: of two scales of `each` if they were read
+    at runtime indices (XLA fuses the division into the rescaling, one kernel
+    for the boundaries of one shape), else from one vector op (`_indices`)."""
     crossing = [(b, *sides[id(b)]) for b in reached if sides[id(b)][0] != sides[id(b)][1]]
     if not crossing:
         return {}
     over = [o if b.divides else a for b, a, o in crossing]
     under = [a if b.divides else o for b, a, o in crossing]
+    if indexed:
+        return {id(b): each[o] / each[u] for (b, _, _), o, u in zip(crossing, over, under)}
     values = tf.gather(scales, over) / tf.gather(scales, under)
     return {id(b): value for (b, _, _), value in zip(crossing, tf.unstack(values))}

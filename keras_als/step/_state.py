@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from keras_als import policies
+from keras_als.step import _indices
 
 SKIP_WINDOW = 100
 """Steps over which `telemetry()["recent_skip_rate"]` is taken."""
@@ -96,6 +97,7 @@ class ScaleState:
         "scale_state",  # the variable of the table and counters (None before `build`) ...
         "step_counter",  # ... Keras's growth counter of an eager step's one scale ...
         "dynamic_scale",  # ... and Keras's one scale: the loss's
+        "indices",  # runtime indices of the scale entries (`_indices`), after `build`
     )
 
     def __init__(
@@ -116,6 +118,7 @@ class ScaleState:
         self.estimate_underflow = estimate_underflow
         self.trainable_variables: tuple = ()
         self.scale_state = self.step_counter = self.dynamic_scale = None
+        self.indices: tuple = ()
 
     @property
     def built(self) -> bool:
@@ -172,6 +175,7 @@ class ScaleState:
         # scale, and the growth counter of the one dynamic scale of an eager step.
         self.step_counter = variable("step_counter", "int", 0)
         self.dynamic_scale = variable("dynamic_scale")
+        self.indices = _indices.make(columns)
         return self.scale_state, self.step_counter, self.dynamic_scale
 
     def vector(self) -> tf.Tensor:
