@@ -22,12 +22,8 @@ import argparse
 import dataclasses
 import math
 
-import keras
-import numpy as np
-
 from benchmarks.harness import scaling
-from benchmarks.keras_hub_families import batches, families, study
-from benchmarks.keras_hub_tasks import training
+from benchmarks.keras_hub_families import families, study
 
 
 def trace(
@@ -39,29 +35,10 @@ def trace(
     """One dict per step either optimizer skipped (of the first `steps`): the
     step, what each did, and keras_als's scales (used in that step) where its
     overflow started."""
-    family = families.FAMILIES[name]
-    keras.utils.clear_session()
-    keras.utils.set_random_seed(seed)
-    x, y = batches.data(family.kind, "train")
-    with scaling.precision("float32"):
-        reference = family.build()
-        weights = reference.get_weights()
-    x = batches.inputs_for(reference, x)
-    order = np.random.default_rng(seed).permutation(len(y))[: steps * study.BATCH]
+    given = study.setting(name, seed, steps)
+    x, y, order = given.x, given.y, given.order
     als = dataclasses.replace(scaling.ALS_MAX_SAFE, measure_every_n_steps=measure_every_n_steps)
-    compile_arguments = {"loss": family.loss} if family.loss is not None else {}
-    keras_arm, als_arm = (
-        training.arm(
-            method,
-            family.build,
-            weights,
-            keras.optimizers.Adam(study.LEARNING_RATE),
-            False,
-            seed,
-            **compile_arguments,
-        )
-        for method in (scaling.KERAS_LSO, als)
-    )
+    keras_arm, als_arm = (study.arm(method, given, seed) for method in (scaling.KERAS_LSO, als))
     events = []
     for step in range(steps):
         rows = order[step * study.BATCH : (step + 1) * study.BATCH]

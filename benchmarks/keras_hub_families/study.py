@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -37,6 +38,49 @@ def held_out_loss(model: keras.Model, x, y) -> float:
     return value if math.isfinite(value) else math.nan
 
 
+class Setting(NamedTuple):
+    """One family's seed, ready to train: the float32 model its weights come
+    from, the training examples in its inputs' form, the batch order (`BATCH`
+    rows a step) and the arguments of `compile`."""
+
+    family: families.Family
+    reference: keras.Model
+    weights: list
+    x: object
+    y: np.ndarray
+    order: np.ndarray
+    compile_arguments: dict
+
+
+def setting(name: str, seed: int, steps: int) -> Setting:
+    """Family `name` on `seed` for `steps` steps (raises what its float32 build raises)."""
+    family = families.FAMILIES[name]
+    keras.utils.clear_session()
+    keras.utils.set_random_seed(seed)
+    x, y = batches.data(family.kind, "train")
+    with scaling.precision("float32"):
+        reference = family.build()
+        weights = reference.get_weights()
+    order = np.random.default_rng(seed).permutation(len(y))[: steps * BATCH]
+    compile_arguments = {"loss": family.loss} if family.loss is not None else {}
+    return Setting(
+        family, reference, weights, batches.inputs_for(reference, x), y, order, compile_arguments
+    )
+
+
+def arm(method: scaling.Method, given: Setting, seed: int) -> training.Arm:
+    """`method`'s model from `given`'s weights, compiled around Adam, without XLA."""
+    return training.arm(
+        method,
+        given.family.build,
+        given.weights,
+        keras.optimizers.Adam(LEARNING_RATE),
+        False,
+        seed,
+        **given.compile_arguments,
+    )
+
+
 def run_seed(
     name: str, seed: int, blocks: int = BLOCKS, steps_per_block: int = STEPS_PER_BLOCK
 ) -> list[dict]:
@@ -44,33 +88,18 @@ def run_seed(
 
     A method whose build or training raises is recorded with its `error`
     (and NaN losses); so is every method when the float32 build raises."""
-    family = families.FAMILIES[name]
-    keras.utils.clear_session()
-    keras.utils.set_random_seed(seed)
-    x, y = batches.data(family.kind, "train")
-    test_x, test_y = batches.data(family.kind, "test")
-    compile_arguments = {"loss": family.loss} if family.loss is not None else {}
     try:
-        with scaling.precision("float32"):
-            reference = family.build()
-            weights = reference.get_weights()
-        x, test_x = batches.inputs_for(reference, x), batches.inputs_for(reference, test_x)
+        given = setting(name, seed, blocks * steps_per_block)
+        test_x, test_y = batches.data(given.family.kind, "test")
+        test_x = batches.inputs_for(given.reference, test_x)
     except Exception as exception:  # noqa: BLE001 - a family that fails to build is listed
         return [_failed(name, m, seed, "build: " + training.error_text(exception)) for m in METHODS]
-    order = np.random.default_rng(seed).permutation(len(y))[: blocks * steps_per_block * BATCH]
+    x, y, order = given.x, given.y, given.order
     size = steps_per_block * BATCH
     arms, errors = [], {}
     for method in METHODS:
         try:
-            one = training.arm(
-                method,
-                family.build,
-                weights,
-                keras.optimizers.Adam(LEARNING_RATE),
-                False,
-                seed,
-                **compile_arguments,
-            )
+            one = arm(method, given, seed)
         except Exception as exception:  # noqa: BLE001
             errors[method.name] = "build: " + training.error_text(exception)
             continue
