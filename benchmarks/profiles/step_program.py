@@ -14,7 +14,15 @@ Two commits whose fingerprints agree compile the same step: a change meant to
 move code without changing what it computes (a refactor) can be checked so,
 by running this command at both (for example in a `git worktree` of the
 older one, with this file copied in). The counts say what keras_als adds to
-the step's program, the cost study's measure of its size.
+the step's program, the cost study's measure of its size, and so is what
+it writes out: the bytes of the buffers its entry's instructions produce.
+
+A model of the cost study (`benchmarks.cost_at_size`: `densenet_4x4`,
+`densenet121`, ...) is built and stepped once as that study does (SGD, batch
+4, its inputs); `--ablation NAME` adds keras_als with that part left out
+(`harness.ablations`), and `--out` writes elsewhere than the committed table:
+
+    python -m benchmarks.profiles step_program --models densenet_4x4 --out /tmp/densenet
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
+import math
 import os
 import re
 import tempfile
@@ -30,7 +39,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 
-from benchmarks.harness import hub_tasks, provenance, scaling, xla_memory, zoo  # noqa: E402
+from benchmarks.cost_at_size import measure as cost_measure  # noqa: E402
+from benchmarks.cost_at_size import plan as cost_plan  # noqa: E402
+from benchmarks.harness import ablations, hub_tasks, provenance, scaling, xla_memory, zoo  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "step_program")
 METHODS = ("keras_lso", "keras_als")
@@ -84,8 +95,27 @@ def counts(program: str) -> dict:
         "instructions": len(instructions),
         "fusions": sum(" fusion(" in line for line in instructions),
         "conditionals": sum(" conditional(" in line for line in instructions),
+        "written_bytes": written_bytes(program),
         "fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16],
     }
+
+
+NOT_WRITTEN = ("parameter", "bitcast", "get-tuple-element", "tuple", "constant", "conditional")
+"""Entry instructions that produce no buffer of their own (a conditional's
+outputs are written by its branches)."""
+ITEM_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "s32": 4, "u32": 4, "s64": 8, "pred": 1}
+
+
+def written_bytes(program: str) -> int:
+    """Bytes of the buffers the entry computation's instructions produce."""
+    entry = program[program.index("\nENTRY") :]
+    total = 0
+    for match in re.finditer(r"^\s*(?:ROOT )?%\S+ = (\(.*?\)|\S+) ([\w\-]+)\(", entry, re.M):
+        if match.group(2) in NOT_WRITTEN:
+            continue
+        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", match.group(1)):
+            total += ITEM_BYTES.get(dtype, 0) * math.prod(int(d) for d in dims.split(",") if d)
+    return total
 
 
 def dump_programs() -> str:
@@ -126,6 +156,24 @@ def measure(name: str, method: str, folder: str, seen: set[str]) -> dict:
     )
 
 
+def measure_at_size(name: str, method: str, folder: str, seen: set[str]) -> dict:
+    """A model of the cost study under `method` (`keras_lso`, `keras_als` or
+    `keras_als:ABLATION`), stepped once as that study does."""
+    study_method = "keras" if method == "keras_lso" else method
+    model, _ = cost_measure.build(name, study_method)
+    x, y = cost_plan.data(name)
+    with ablations.named(method.partition(":")[2]):  # the step is traced here
+        logs = keras.Model.train_on_batch(model, x, y, return_dict=True)
+    keras.config.set_dtype_policy("float32")
+    return {"model": name, "method": method, "loss": float(logs["loss"])} | counts(
+        new_step_program(folder, seen)
+    )
+
+
+def _megabytes(count: int | None) -> str:
+    return "not counted" if count is None else f"{count / 1e6:.1f}"
+
+
 def render(saved: dict) -> str:
     """The markdown table of a saved run."""
     lines = [
@@ -135,14 +183,15 @@ def render(saved: dict) -> str:
             "benchmarks/profiles/step_program.py",
         ),
         "",
-        "| model | method | instructions | fusions | conditionals | loss after 4 steps "
-        "| fingerprint |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| model | method | instructions | fusions | conditionals | written (MB) "
+        "| loss after its steps | fingerprint |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in saved["rows"]:
         lines.append(
             f"| {row['model']} | {row['method']} | {row['instructions']} | {row['fusions']} "
-            f"| {row['conditionals']} | {row['loss']:.6f} | `{row['fingerprint']}` |"
+            f"| {row['conditionals']} | {_megabytes(row.get('written_bytes'))} "
+            f"| {row['loss']:.6f} | `{row['fingerprint']}` |"
         )
     return "\n".join(lines) + "\n"
 
@@ -151,15 +200,26 @@ def main(argv=None) -> None:
     """Measures every model under both methods; prints and saves the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated")
+    parser.add_argument("--ablation", default="", choices=["", *ablations.NAMED])
+    parser.add_argument("--out", default=OUT, help="path without suffix")
     args = parser.parse_args(argv)
     names = args.models.split(",")
-    unknown = [n for n in names if n not in MODELS]
+    at_size = (*cost_plan.MODELS, *cost_plan.SWEEP)
+    unknown = [n for n in names if n not in MODELS and n not in at_size]
     if unknown:
-        parser.error(f"Unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}.")
+        known = ", ".join([*MODELS, *at_size])
+        parser.error(f"Unknown model {unknown[0]!r}; choose from {known}.")
+    if args.ablation and any(n in MODELS for n in names):
+        parser.error("--ablation takes models of the cost study only.")
+    methods = METHODS + ((f"keras_als:{args.ablation}",) if args.ablation else ())
     folder, seen = dump_programs(), set()
-    rows = [measure(name, method, folder, seen) for name in names for method in METHODS]
+    rows = [
+        (measure if name in MODELS else measure_at_size)(name, method, folder, seen)
+        for name in names
+        for method in methods
+    ]
     command = "python -m benchmarks.profiles step_program" + (f" {' '.join(argv)}" if argv else "")
-    print(render(provenance.save(OUT, command, {"rows": rows}, render)))
+    print(render(provenance.save(args.out, command, {"rows": rows}, render)))
 
 
 if __name__ == "__main__":

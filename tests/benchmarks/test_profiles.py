@@ -228,7 +228,8 @@ ENTRY %main.9 (Arg_0.1: f32[2]) -> f32[] {
 def test_the_step_program_fingerprint_ignores_names_and_metadata_and_sees_any_other_change():
     """Renamed instructions, computations and module, or other source
     metadata, give the same fingerprint and counts; another opcode or
-    constant gives another fingerprint."""
+    constant gives another fingerprint. The bytes written count the buffers
+    the entry's instructions produce, not its parameters and constants."""
     from benchmarks.profiles import step_program
 
     renamed = (
@@ -240,6 +241,7 @@ def test_the_step_program_fingerprint_ignores_names_and_metadata_and_sees_any_ot
     counted = step_program.counts(STEP)
     assert counted == step_program.counts(renamed)
     assert (counted["instructions"], counted["fusions"], counted["conditionals"]) == (6, 1, 0)
+    assert counted["written_bytes"] == 8 + 4  # the fusion's f32[2] and the reduction's f32[]
     for changed in (STEP.replace("multiply(", "add("), STEP.replace("constant(0)", "constant(1)")):
         assert step_program.counts(changed)["fingerprint"] != counted["fingerprint"]
 
