@@ -195,6 +195,7 @@ NAMED = {
     "crossings_never_wait": crossings_never_wait,
     "constant_offsets": constant_offsets,
     "divided_where_read": divided_where_read,
+    "no_boundary_rescaling": without_boundary_rescaling,
 }
 """The ablations a command can name."""
 
