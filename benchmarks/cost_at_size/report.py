@@ -12,8 +12,11 @@ CAUSES = (
     "The gradients crossing into the concatenations are bounded rather than read "
     "(`keras_als/step/_join_bounds.py`; `--ablation joins_read` puts the reads back); what "
     "stays is the other boundaries' reductions, whose branches cost on every step (their "
-    "operands are written out), and the rescaling. Reduced in one branch after backprop, "
-    "DenseNet121's step is no faster and its peak 1.34x (benchmarks/README.md).",
+    "operands are written out), and the rescaling. Taken apart on the depth sweep's "
+    "DenseNet of 4 layers a block (1.105x to 1.126x in one run or another): without the "
+    "rescaling 1.070x, without the crossing reductions 1.100x, each beside keras_als in one "
+    "process; more branches grouped, or one branch after backprop, are no faster "
+    "(benchmarks/README.md).",
     "**First step over its target.** XLA's compile grows with the kernels it compiles, and "
     "tracing with the operations keras_als adds. Each layer's scale is read at an index "
     "XLA cannot see (`keras_als/step/_indices.py`), so the updates and rescalings of layers "
