@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import keras_als
+from benchmarks.harness import ablations
 from keras_als.step import _boundary, _state, _step_record
 
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan]
@@ -39,8 +40,13 @@ def test_rescaling_by_a_power_of_two_rounds_once_from_the_exact_quotient(
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("feature_maps_divided", [False, True])
 @pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
-def test_boundaries_up_to_the_divided_rank_divide_and_larger_ones_multiply(rank):
+def test_boundaries_up_to_the_divided_rank_divide_and_larger_ones_multiply(
+    rank, feature_maps_divided
+):
+    """Up to `DIVIDED_RANK` a boundary divides, above it multiplies; the
+    benchmarks' `feature_maps_divided` variant makes every boundary divide."""
     boundaries = []
 
     @tf.function
@@ -53,11 +59,12 @@ def test_boundaries_up_to_the_divided_rank_divide_and_larger_ones_multiply(rank)
         boundaries.append(boundary)
         return tape.gradient(y, x)
 
-    graph = backward.get_concrete_function(
-        tf.TensorSpec([2] * rank, tf.float16), tf.TensorSpec([], tf.float32)
-    ).graph
+    with ablations.named("feature_maps_divided" if feature_maps_divided else ""):
+        graph = backward.get_concrete_function(
+            tf.TensorSpec([2] * rank, tf.float16), tf.TensorSpec([], tf.float32)
+        ).graph
     kinds = [op.type for op in graph.get_operations()]
-    assert boundaries[0].divides == (rank <= _boundary.DIVIDED_RANK)
+    assert boundaries[0].divides == (rank <= _boundary.DIVIDED_RANK or feature_maps_divided)
     if boundaries[0].divides:
         assert kinds.count("RealDiv") == 1 and "Mul" not in kinds, kinds
     else:

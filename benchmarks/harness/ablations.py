@@ -186,6 +186,14 @@ def divided_where_read() -> contextlib.AbstractContextManager:
     )
 
 
+def feature_maps_divided() -> contextlib.AbstractContextManager:
+    """Steps traced inside divide every boundary's gradients, feature maps'
+    too, where keras_als multiplies those of rank above
+    `keras_als.step._boundary.DIVIDED_RANK` by the reciprocal (a variant, not
+    a part left out: the same values, another program)."""
+    return _replaced("_boundary", "DIVIDED_RANK", lambda _: 8)
+
+
 NAMED = {
     "no_crossing_reductions": without_crossing_reductions,
     "no_concatenation_reductions": without_concatenation_reductions,
@@ -196,6 +204,7 @@ NAMED = {
     "constant_offsets": constant_offsets,
     "divided_where_read": divided_where_read,
     "no_boundary_rescaling": without_boundary_rescaling,
+    "feature_maps_divided": feature_maps_divided,
 }
 """The ablations a command can name."""
 
