@@ -158,34 +158,6 @@ def constant_offsets() -> contextlib.AbstractContextManager:
     )
 
 
-def _divided_where_read(make_plan, *args, **kwargs):
-    import dataclasses
-    import types
-
-    plan = make_plan(*args, **kwargs)
-    each = plan.each_scale
-    factors = {}
-    for b in plan.boundaries():
-        if id(b) in plan.factors:
-            a, o = plan.sides[id(b)]
-            factors[id(b)] = each[o] / each[a] if b.divides else each[a] / each[o]
-    return dataclasses.replace(
-        plan,
-        factors=types.MappingProxyType(factors),
-        each_reciprocal=tuple(1.0 / s for s in each),
-    )
-
-
-def divided_where_read() -> contextlib.AbstractContextManager:
-    """Steps traced inside divide each boundary's two scales, and each
-    update's 1 by its scale, where they are read, where keras_als multiplies
-    a scale by a reciprocal from one vector division (`keras_als.step._plan`;
-    ablation only: the same values, a scalar kernel per boundary and update)."""
-    return _replaced(
-        "_plan", "make_plan", lambda original: functools.partial(_divided_where_read, original)
-    )
-
-
 def feature_maps_divided() -> contextlib.AbstractContextManager:
     """Steps traced inside divide every boundary's gradients, feature maps'
     too, where keras_als multiplies those of rank above
@@ -202,7 +174,6 @@ NAMED = {
     "crossings_reduced_early": crossings_reduced_early,
     "crossings_never_wait": crossings_never_wait,
     "constant_offsets": constant_offsets,
-    "divided_where_read": divided_where_read,
     "no_boundary_rescaling": without_boundary_rescaling,
     "feature_maps_divided": feature_maps_divided,
 }

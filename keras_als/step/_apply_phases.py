@@ -77,20 +77,19 @@ class Gradients(NamedTuple):
     weight_amax: _statistics.WeightAmax  # each one's largest magnitude (inf: not finite)
     in_order: list  # every gradient (at its scale), in variable order
     components: list  # for each, its component's index (None: applied as it is)
-    each_reciprocal: tuple  # 1 / each component's scale, read at a runtime index (`_indices`)
+    each_scale: tuple  # each component's scale, read at a runtime index (`_indices`)
 
     def unscaled(self) -> list:
         """Every gradient divided by its component's scale, in variable order.
 
-        Called inside the branch that applies them: XLA fuses each product,
-        and the reciprocal of the scale read through a runtime index (out of
-        the plan's one vector of reciprocals), into the update of each
-        variable, one kernel for the variables of one shape as in Keras's
-        optimizer. Computed before the branch, or divided where read, each
-        would be a kernel of its own, and the step slower.
+        Called inside the branch that applies them: XLA fuses each division,
+        and the reciprocal of the scale, read through a runtime index, into
+        the update of each variable, one kernel for the variables of one shape
+        as in Keras's optimizer. Computed before the branch, each would be a
+        kernel of its own, and the step slower.
         """
         return [
-            g if i is None else unscale(g, self.each_reciprocal[i])
+            g if i is None else unscale(g, 1.0 / self.each_scale[i])
             for g, i in zip(self.in_order, self.components)
         ]
 
@@ -119,9 +118,7 @@ def group_by_component(plan, grads, variables, inner_optimizer) -> Gradients:
         float16[i].append(_computed_in_float16(v))
         components.append(i)
     weight_amax = _statistics.WeightAmax.of(weight_grads)
-    return Gradients(
-        weight_grads, float16, weight_amax, list(grads), components, plan.each_reciprocal
-    )
+    return Gradients(weight_grads, float16, weight_amax, list(grads), components, plan.each_scale)
 
 
 def check_finite(plan, weight_amax: _statistics.WeightAmax) -> tuple[tf.Tensor, ...]:

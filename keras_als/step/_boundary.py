@@ -24,9 +24,8 @@ vectors) `divides`, and one with larger tensors (feature maps) multiplies by
 the reciprocal, which XLA writes nowhere (`python -m benchmarks.real_models
 --parts cost --models bert_tiny` and `--parts memory --models mobilenet_v2`
 measure both). The plan computes every boundary's factor, divisor or
-reciprocal, as one scale times the reciprocal of another, both read through
-runtime indices (`_indices`), so that XLA fuses it into the rescaling and
-compiles one rescaling for all the boundaries of one shape.
+reciprocal, from two scales read through runtime indices (`_indices`), so
+that XLA compiles one rescaling for all the boundaries of one shape.
 
 Outside a traced function there is no graph to walk, so `insert` returns the
 tensors unchanged.

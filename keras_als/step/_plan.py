@@ -76,11 +76,10 @@ class Plan:
     measuring: tf.Tensor | None = None  # bool: this step measures; None: every step does
     crossings: _crossings.Crossings | None = None  # reductions of the boundaries' gradients
     each_scale: tuple = ()  # `scales`, one tensor each, read at runtime indices (`_indices`)
-    each_reciprocal: tuple = ()  # 1 / `scales` (exact: powers of two), read so too
 
     def reciprocal_of(self, variable) -> tf.Tensor:
         """1 / the scale of `variable`'s component (exact: scales are powers of two)."""
-        return self.each_reciprocal[self.index_of(variable)]
+        return 1.0 / self.each_scale[self.index_of(variable)]
 
     def index_of(self, variable) -> int:
         return self.component_of.get(id(variable.handle), self.loss_component)
@@ -264,7 +263,6 @@ def make_plan(
     sides = {k: (final[a], final[o]) for k, (a, o) in sides.items()}
     scales = tf.gather(scale_vector, [c.entry for c in merged])
     each_scale = _indices.read_each(scales, indices)
-    each_reciprocal = _indices.read_each(1.0 / scales, indices)  # one division for all
     frozen = tuple(
         Component(c.entry, c.name, tuple(c.aliases), tuple(c.inside), tuple(c.feeding))
         for c in merged
@@ -275,7 +273,7 @@ def make_plan(
         scales,
         types.MappingProxyType({k: final[c] for k, c in component_of.items()}),
         types.MappingProxyType(sides),
-        types.MappingProxyType(_factors(each_scale, each_reciprocal, reached, sides)),
+        types.MappingProxyType(_factors(scales, each_scale, reached, sides, bool(indices))),
         final[loss_component],
         built,
         loss_finite=tf.reduce_all(tf.math.is_finite(loss)),
@@ -286,7 +284,6 @@ def make_plan(
         if built
         else None,
         each_scale=each_scale,
-        each_reciprocal=each_reciprocal,
     )
 
 
@@ -383,17 +380,18 @@ def _merge_by_entry(drafts: list[_Draft]) -> tuple[list[_Draft], list[int]]:
     return merged, final
 
 
-def _factors(each: tuple, reciprocal: tuple, reached: list, sides: dict) -> dict:
+def _factors(scales: tf.Tensor, each: tuple, reached: list, sides: dict, indexed: bool) -> dict:
     """The factor of every boundary that joins two components: the divisor
     (its output side's scale over its input side's) for one that `divides`,
-    else the divisor's reciprocal, each the product of one scale and the
-    reciprocal of another (exact: powers of two). A multiply of two scalars
-    read at runtime indices (`_indices`) is cheap, so XLA fuses it into the
-    rescaling: one kernel for the boundaries of one shape. A division there
-    would be a kernel of its own for every boundary."""
-    factors = {}
-    for b in reached:
-        a, o = sides[id(b)]
-        if a != o:
-            factors[id(b)] = each[o] * reciprocal[a] if b.divides else each[a] * reciprocal[o]
-    return factors
+    else the divisor's reciprocal: of two scales of `each` if they were read
+    at runtime indices (XLA fuses the division into the rescaling, one kernel
+    for the boundaries of one shape), else from one vector op (`_indices`)."""
+    crossing = [(b, *sides[id(b)]) for b in reached if sides[id(b)][0] != sides[id(b)][1]]
+    if not crossing:
+        return {}
+    over = [o if b.divides else a for b, a, o in crossing]
+    under = [a if b.divides else o for b, a, o in crossing]
+    if indexed:
+        return {id(b): each[o] / each[u] for (b, _, _), o, u in zip(crossing, over, under)}
+    values = tf.gather(scales, over) / tf.gather(scales, under)
+    return {id(b): value for (b, _, _), value in zip(crossing, tf.unstack(values))}
