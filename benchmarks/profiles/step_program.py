@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
-import math
 import os
 import re
 import tempfile
@@ -42,6 +41,7 @@ import keras  # noqa: E402
 from benchmarks.cost_at_size import measure as cost_measure  # noqa: E402
 from benchmarks.cost_at_size import plan as cost_plan  # noqa: E402
 from benchmarks.harness import ablations, hub_tasks, provenance, scaling, xla_memory, zoo  # noqa: E402
+from benchmarks.real_models import programs  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "step_program")
 METHODS = ("keras_lso", "keras_als")
@@ -95,27 +95,9 @@ def counts(program: str) -> dict:
         "instructions": len(instructions),
         "fusions": sum(" fusion(" in line for line in instructions),
         "conditionals": sum(" conditional(" in line for line in instructions),
-        "written_bytes": written_bytes(program),
+        "written_bytes": programs.written_bytes(program),
         "fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16],
     }
-
-
-NOT_WRITTEN = ("parameter", "bitcast", "get-tuple-element", "tuple", "constant", "conditional")
-"""Entry instructions that produce no buffer of their own (a conditional's
-outputs are written by its branches)."""
-ITEM_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "s32": 4, "u32": 4, "s64": 8, "pred": 1}
-
-
-def written_bytes(program: str) -> int:
-    """Bytes of the buffers the entry computation's instructions produce."""
-    entry = program[program.index("\nENTRY") :]
-    total = 0
-    for match in re.finditer(r"^\s*(?:ROOT )?%\S+ = (\(.*?\)|\S+) ([\w\-]+)\(", entry, re.M):
-        if match.group(2) in NOT_WRITTEN:
-            continue
-        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", match.group(1)):
-            total += ITEM_BYTES.get(dtype, 0) * math.prod(int(d) for d in dims.split(",") if d)
-    return total
 
 
 def dump_programs() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 
@@ -206,6 +207,24 @@ def kernels_of(hlo: str) -> int:
         opcode = _opcode(right)
         count += bool(opcode) and opcode not in NOT_KERNELS
     return count
+
+
+ITEM_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "s32": 4, "u32": 4, "s64": 8, "pred": 1}
+
+
+def written_bytes(hlo: str) -> int:
+    """Bytes of the buffers optimized HLO text's entry instructions produce:
+    those of `kernels_of` but its conditionals, whose outputs their branches write."""
+    total = 0
+    for line in _entry_lines(hlo):
+        _, _, right = line.partition(" = ")
+        opcode = _opcode(right)
+        if not opcode or opcode in NOT_KERNELS or opcode == "conditional":
+            continue
+        shape = right[: right.index(f" {opcode}(")]
+        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shape):
+            total += ITEM_BYTES.get(dtype, 0) * math.prod(int(d) for d in dims.split(",") if d)
+    return total
 
 
 def for_branches_only(hlo: str) -> list[str]:
