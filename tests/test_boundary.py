@@ -40,31 +40,37 @@ def test_rescaling_by_a_power_of_two_rounds_once_from_the_exact_quotient(
     np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("feature_maps_divided", [False, True])
+@pytest.mark.parametrize("variant", ["", "feature_maps_divided", "feature_maps_multiplied"])
+@pytest.mark.parametrize("concatenated", [False, True])
 @pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
-def test_boundaries_up_to_the_divided_rank_divide_and_larger_ones_multiply(
-    rank, feature_maps_divided
+def test_boundaries_divide_up_to_the_divided_rank_and_on_concatenations(
+    rank, concatenated, variant
 ):
-    """Up to `DIVIDED_RANK` a boundary divides, above it multiplies; the
-    benchmarks' `feature_maps_divided` variant makes every boundary divide."""
+    """Up to `DIVIDED_RANK`, or on a tensor a concatenation made, a boundary
+    divides; on other larger tensors it multiplies. The benchmarks' variants
+    make every boundary divide (`feature_maps_divided`) or concatenations'
+    multiply (`feature_maps_multiplied`)."""
     boundaries = []
 
     @tf.function
     def backward(x, factor):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            (y,) = _boundary.insert(keras.layers.Layer(), [x])
+            made = tf.concat([x, x], axis=-1) if concatenated else x
+            (y,) = _boundary.insert(keras.layers.Layer(), [made])
         boundary = _step_record.read().boundaries[-1]
         boundary.connect(factor, None)
         boundaries.append(boundary)
         return tape.gradient(y, x)
 
-    with ablations.named("feature_maps_divided" if feature_maps_divided else ""):
+    with ablations.named(variant):
         graph = backward.get_concrete_function(
             tf.TensorSpec([2] * rank, tf.float16), tf.TensorSpec([], tf.float32)
         ).graph
     kinds = [op.type for op in graph.get_operations()]
-    assert boundaries[0].divides == (rank <= _boundary.DIVIDED_RANK or feature_maps_divided)
+    divided_concatenation = concatenated and variant != "feature_maps_multiplied"
+    expected = rank <= _boundary.DIVIDED_RANK or divided_concatenation
+    assert boundaries[0].divides == (expected or variant == "feature_maps_divided")
     if boundaries[0].divides:
         assert kinds.count("RealDiv") == 1 and "Mul" not in kinds, kinds
     else:

@@ -161,13 +161,23 @@ def constant_offsets() -> contextlib.AbstractContextManager:
 def feature_maps_divided() -> contextlib.AbstractContextManager:
     """Steps traced inside divide every boundary's gradients, feature maps'
     too, where keras_als multiplies those of rank above
-    `keras_als.step._boundary.DIVIDED_RANK` by the reciprocal (a variant, not
-    a part left out: the same values, another program)."""
+    `keras_als.step._boundary.DIVIDED_RANK` not made by one of its
+    `DIVIDED_OPERATIONS` by the reciprocal (a variant, not a part left out:
+    the same values, another program)."""
     return _replaced("_boundary", "DIVIDED_RANK", lambda _: 8)
+
+
+def feature_maps_multiplied() -> contextlib.AbstractContextManager:
+    """Steps traced inside multiply every feature map's gradient by the
+    reciprocal, where keras_als divides those made by a convolution or a
+    concatenation (`keras_als.step._boundary.DIVIDED_OPERATIONS`; a variant:
+    the same values, another program)."""
+    return _replaced("_boundary", "DIVIDED_OPERATIONS", lambda _: frozenset())
 
 
 NAMED = {
     "no_crossing_reductions": without_crossing_reductions,
+    "feature_maps_multiplied": feature_maps_multiplied,
     "no_concatenation_reductions": without_concatenation_reductions,
     "joins_read": joins_read,
     "crossings_reduced_last": crossings_reduced_last,

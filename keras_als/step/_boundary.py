@@ -16,16 +16,21 @@ are exact for a power of two): XLA's CPU compiler counts a floating-point
 division as expensive and computes it once, where it recomputes a multiply,
 and the cheap operations behind it, inside every fusion that reads the
 gradient (a transformer's layer norms read a gradient in several reductions
-each). A division is written once, in float32, and cuts those chains. A
-convolution's feature maps are another matter: large, read by few fusions,
-and written in float32 they raise the step's peak memory. So a boundary
-whose tensors are all of rank `DIVIDED_RANK` or less (tokens' features,
-vectors) `divides`, and one with larger tensors (feature maps) multiplies by
-the reciprocal, which XLA writes nowhere (`python -m benchmarks.real_models
---parts cost --models bert_tiny` and `--parts memory --models mobilenet_v2`
-measure both). The plan computes every boundary's factor, divisor or
-reciprocal, from two scales read through runtime indices (`_indices`), so
-that XLA compiles one rescaling for all the boundaries of one shape.
+each; a convolution's gradient is read by two convolutions, for its input and
+its filter; a concatenation's by a slice per input). A division is written
+once, in float32, and cuts those chains. Other feature maps are another
+matter: large, read by one fusion (an activation's gradient), and written in
+float32 they raise the step's peak memory. So a boundary whose tensors are
+all of rank `DIVIDED_RANK` or less (tokens' features, vectors) or made by one
+of `DIVIDED_OPERATIONS` (convolutions, concatenations) `divides`, and one
+with other feature maps multiplies by the reciprocal, which XLA writes
+nowhere (`python -m benchmarks.real_models --parts cost --models bert_tiny`
+and `--parts memory --models mobilenet_v2`, `python -m
+benchmarks.cost_at_size --models densenet_4x4 --ablation
+feature_maps_multiplied` measure the choices). The plan computes every
+boundary's factor, divisor or reciprocal, from two scales read through
+runtime indices (`_indices`), so that XLA compiles one rescaling for all the
+boundaries of one shape.
 
 Outside a traced function there is no graph to walk, so `insert` returns the
 tensors unchanged.
@@ -52,8 +57,9 @@ class Boundary:
             gradient is cast back to the dtype of `upstream` in `insert`).
         outputs: Tensors leaving it (the wrapped layer's side).
         divides: Whether its gradient is divided by `factor` (every input of
-            rank `DIVIDED_RANK` or less) or multiplied by it (the factor is
-            then the reciprocal of the divisor).
+            rank `DIVIDED_RANK` or less or made by one of
+            `DIVIDED_OPERATIONS`) or multiplied by it (the factor is then the
+            reciprocal of the divisor).
         factor: Scalar float32 power of two, handed over by the plan
             (`connect`); None leaves the gradient unchanged.
         crossings: The plan's `_crossings.Crossings`, which take the gradient
@@ -66,9 +72,7 @@ class Boundary:
         self.inputs = tuple(inputs)
         self.limit = limit
         self.outputs: tuple = ()
-        self.divides = all(
-            t.shape.rank is not None and t.shape.rank <= DIVIDED_RANK for t in self.inputs
-        )
+        self.divides = all(_divides(t) for t in self.inputs)
         self.factor: tf.Tensor | None = None
         self.crossings = None
 
@@ -94,8 +98,23 @@ class Boundary:
 
 DIVIDED_RANK = 3
 """A boundary whose inputs are all of at most this rank divides its gradients;
-one with a larger input multiplies them by the divisor's reciprocal (see the
-module docstring)."""
+one with a larger input multiplies them by the divisor's reciprocal, unless
+`DIVIDED_OPERATIONS` made it (see the module docstring)."""
+
+
+DIVIDED_OPERATIONS = frozenset({"ConcatV2", "Conv2D", "DepthwiseConv2dNative"})
+"""TensorFlow operations whose output gradient is read by several kernels
+(a convolution's by the convolutions for its input and its filter, a
+concatenation's by a slice per input): a boundary on feature maps all made by
+them divides too."""
+
+
+def _divides(tensor: tf.Tensor) -> bool:
+    rank = tensor.shape.rank
+    if rank is None:
+        return False
+    made_by = getattr(tensor, "op", None)  # None for an eager tensor a graph captured
+    return rank <= DIVIDED_RANK or (made_by is not None and made_by.type in DIVIDED_OPERATIONS)
 
 
 def rescale(gradient: tf.Tensor, factor: tf.Tensor, divides: bool) -> tf.Tensor:
