@@ -177,7 +177,6 @@ def feature_maps_multiplied() -> contextlib.AbstractContextManager:
 
 NAMED = {
     "no_crossing_reductions": without_crossing_reductions,
-    "feature_maps_multiplied": feature_maps_multiplied,
     "no_concatenation_reductions": without_concatenation_reductions,
     "joins_read": joins_read,
     "crossings_reduced_last": crossings_reduced_last,
@@ -186,6 +185,7 @@ NAMED = {
     "constant_offsets": constant_offsets,
     "no_boundary_rescaling": without_boundary_rescaling,
     "feature_maps_divided": feature_maps_divided,
+    "feature_maps_multiplied": feature_maps_multiplied,
 }
 """The ablations a command can name."""
 
