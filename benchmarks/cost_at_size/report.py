@@ -28,7 +28,9 @@ CAUSES = (
     "the crossing reductions (`python -m benchmarks.profiles first_step --models "
     "vit_base,llama_reduced`: on ViT-Base 253 kernels against Keras's 161 and 403 with the "
     "scales read at constant offsets; XLA 7.2 s against Keras's 6.0 s, 5.8 s without the "
-    "crossing reductions). Between runs Keras's own first step moves: ViT-Base's read "
+    "crossing reductions). The scale indices' variables are made eagerly: made inside "
+    "`fit`'s first trace, where the optimizer is built, they took 2.4 s of ViT-Base's "
+    "first step (1.547 before). Between runs Keras's own first step moves: ViT-Base's read "
     "14.0 s and 12.2 s in the last two runs of this study, keras_als's 19.9 s and 19.0 s "
     "(1.426 then 1.547); the Llama-shaped decoder's keras_als 15.3 s then 13.5 s "
     "(1.711 then 1.433).",
