@@ -48,7 +48,7 @@ def test_boundaries_divide_up_to_the_divided_rank_and_on_concatenations(
 ):
     """Up to `DIVIDED_RANK`, or on a tensor a concatenation made, a boundary
     divides; on other larger tensors it multiplies. The benchmarks' variants
-    make every boundary divide (`feature_maps_divided`) or concatenations'
+    make every boundary divide (`feature_maps_divided`) or every feature map's
     multiply (`feature_maps_multiplied`)."""
     boundaries = []
 
@@ -75,6 +75,45 @@ def test_boundaries_divide_up_to_the_divided_rank_and_on_concatenations(
         assert kinds.count("RealDiv") == 1 and "Mul" not in kinds, kinds
     else:
         assert kinds.count("Mul") == 1 and "RealDiv" not in kinds, kinds
+
+
+MAKERS = {
+    "conv2d": lambda x: tf.nn.conv2d(x, tf.ones((1, 1, 2, 2), x.dtype), 1, "VALID"),
+    "depthwise": lambda x: tf.nn.depthwise_conv2d(
+        x, tf.ones((1, 1, 2, 1), x.dtype), [1] * 4, "VALID"
+    ),
+    "relu": tf.nn.relu,
+}
+
+
+@pytest.mark.parametrize("variant", ["", "feature_maps_multiplied"])
+@pytest.mark.parametrize("made_by", list(MAKERS))
+def test_a_boundary_on_a_convolutions_feature_maps_divides_and_on_an_activations_multiplies(
+    made_by, variant
+):
+    """Feature maps a convolution made (read back by two convolutions) divide;
+    an activation's (read by one fusion) multiply, as every feature map does
+    under `feature_maps_multiplied`."""
+    boundaries = []
+
+    @tf.function
+    def backward(x, factor):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            (y,) = _boundary.insert(keras.layers.Layer(), [MAKERS[made_by](x)])
+        boundary = _step_record.read().boundaries[-1]
+        boundary.connect(factor, None)
+        boundaries.append(boundary)
+        return tape.gradient(y, x)
+
+    with ablations.named(variant):
+        graph = backward.get_concrete_function(
+            tf.TensorSpec([2, 3, 3, 2], tf.float32), tf.TensorSpec([], tf.float32)
+        ).graph
+    kinds = [op.type for op in graph.get_operations()]
+    divides = made_by != "relu" and variant != "feature_maps_multiplied"
+    assert boundaries[0].divides == divides
+    assert kinds.count("RealDiv" if divides else "Mul") == 1, kinds
 
 
 def test_every_boundarys_factor_is_exact_and_reads_its_scales_through_runtime_indices():
