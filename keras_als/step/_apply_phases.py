@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from keras_als import policies
 from keras_als._keras_private import overwrites_with_gradient
-from keras_als.step import _forward_state, _scale_state, _skip, _statistics
+from keras_als.step import _crossings, _forward_state, _scale_state, _skip, _statistics
 from keras_als.step._layer_call import owner_of
 
 PLANNED_GROWTH = 3.0
@@ -82,14 +82,20 @@ class Gradients(NamedTuple):
     def unscaled(self) -> list:
         """Every gradient divided by its component's scale, in variable order.
 
-        Called inside the branch that applies them: XLA fuses each division,
-        and the reciprocal of the scale, read through a runtime index, into
-        the update of each variable, one kernel for the variables of one shape
-        as in Keras's optimizer. Computed before the branch, each would be a
-        kernel of its own, and the step slower.
+        Called inside the branch that applies them: XLA fuses each multiply by
+        the reciprocal of the scale, read through a runtime index, into the
+        update of each variable, one kernel for the variables of one shape as
+        in Keras's optimizer (XLA copies a multiply into every kernel that
+        reads it, where it writes a division's result out once: `_boundary`).
+        Computed before the branch, each would be a kernel of its own, and the
+        step slower. One reciprocal per component, shared by its gradients.
         """
+        one, reciprocals = tf.constant(1.0), {}
+        for i in self.components:
+            if i is not None and i not in reciprocals:
+                reciprocals[i] = one / self.each_scale[i]
         return [
-            g if i is None else unscale(g, 1.0 / self.each_scale[i])
+            g if i is None else unscale(g, reciprocals[i])
             for g, i in zip(self.in_order, self.components)
         ]
 
@@ -182,8 +188,12 @@ def measure_and_choose(state, plan, gradients, measuring, finite, step, updated)
     `measuring`): a measurement before the first update (`updated` false)
     raises no scale, and the next step measures again, one update later."""
 
+    crossed = _crossings.Crossed.of(plan)  # read by the branch as two tensors
+
     def measured():
-        statistics = _statistics.measure(plan, gradients.weight_amax, gradients.weight_grads)
+        statistics = _statistics.measure(
+            plan, gradients.weight_amax, gradients.weight_grads, crossed
+        )
         return _statistics.agree_across_replicas(statistics)
 
     def update(statistics):
@@ -198,7 +208,7 @@ def measure_and_choose(state, plan, gradients, measuring, finite, step, updated)
         # Replicas can neither gather nor assign inside a cond: only the
         # reductions are conditional, the rest keeps every scale when not measuring.
         statistics = _statistics.measure_if(
-            measuring, plan, gradients.weight_amax, gradients.weight_grads
+            measuring, plan, gradients.weight_amax, gradients.weight_grads, crossed
         )
         return update(_statistics.agree_across_replicas(statistics))
     # Steps that do not measure keep every scale, at the cost of one branch.

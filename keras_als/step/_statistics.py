@@ -20,14 +20,15 @@ import tensorflow as tf
 from keras_als import policies
 
 
-def measure(plan, weight_amax: WeightAmax, weight_grads) -> policies.Statistics:
+def measure(plan, weight_amax: WeightAmax, weight_grads, crossed) -> policies.Statistics:
     """The statistics of each component of `plan`, in true (unscaled) units.
 
     From the weight gradients (`weight_grads[i]`: component i's; `weight_amax`,
     each one's largest magnitude, taken on every step to check it is finite) and from
     the gradients that crossed the boundaries during backprop, as reduced by
-    `plan.crossings` (call its `complete` first). Statistics no policy reads are
-    pruned from the traced graph, so they cost nothing.
+    `plan.crossings` (call its `complete` first), packed into `crossed`
+    (`_crossings.Crossed.of(plan)`, made before the branch that measures). Statistics
+    no policy reads are pruned from the traced graph, so they cost nothing.
 
     A few vector operations for all components, whatever their number: the
     values are gathered into vectors, each with the component it counts for
@@ -37,14 +38,13 @@ def measure(plan, weight_amax: WeightAmax, weight_grads) -> policies.Statistics:
     """
     layout = Layout.of(plan, weight_amax.components)
     n = len(plan.components)
-    crossed = plan.crossings.reduced
     scales = plan.scales
-    arrived = _vector([crossed[id(b)].amax for b in layout.incoming])
+    arrived = crossed.amaxes(layout.incoming)
     # An incoming gradient at this component's scale, and inf where it would overflow there.
     ratios = tf.gather(scales, _indices(layout.into)) / tf.gather(scales, _indices(layout.source))
     post = arrived * ratios
     capped = tf.where(post > layout.limits, float("inf"), post)
-    inside = _vector([crossed[id(b)].amax for b in layout.inside])
+    inside = crossed.amaxes(layout.inside)
     values = tf.concat([weight_amax.values, inside, capped], axis=0)
     largest = _segment_max(values, list(layout.seen_at) + list(layout.into), n)
     amax = largest / scales
@@ -58,7 +58,7 @@ def measure(plan, weight_amax: WeightAmax, weight_grads) -> policies.Statistics:
     silent = tf.logical_and(layout.has_incoming, _segment_max(arrived, layout.into, n) == 0)
     return policies.Statistics(
         amax=amax,
-        mean_square=_mean_squares(plan, layout, weight_grads) / (scales * scales),
+        mean_square=_mean_squares(plan, crossed, weight_grads) / (scales * scales),
         overflow=overflow,
         silent=silent,
         downstream=plan.downstream(),
@@ -159,23 +159,23 @@ class Layout:
         )
 
 
-def _mean_squares(plan, layout, weight_grads) -> tf.Tensor:
+def _mean_squares(plan, crossed, weight_grads) -> tf.Tensor:
     """Per component, the mean square of the gradients crossing its boundaries
     (of its weight gradients where none was reduced), at its scale; 0 where
     there are none."""
-    crossed = plan.crossings.reduced
-    squares, at = [], []
+    reduced, at, squares, squares_at = [], [], [], []
     for i, component in enumerate(plan.components):
-        inside = [
-            crossed[id(b)].mean_square
-            for b in component.inside
-            if id(b) in crossed and crossed[id(b)].mean_square is not None
-        ]
-        each = inside or [mean_square(g) for g in weight_grads[i]]
-        squares += each
-        at += [i] * len(each)
-    n = len(plan.components)
-    return _segment_mean(tf.stack(squares), at, n) if squares else tf.zeros([n])
+        inside = [b for b in component.inside if id(b) in crossed.square_at]
+        if inside:
+            reduced += inside
+            at += [i] * len(inside)
+        else:
+            squares += [mean_square(g) for g in weight_grads[i]]
+            squares_at += [i] * len(weight_grads[i])
+    if not at and not squares:
+        return tf.zeros([len(plan.components)])
+    values = tf.concat([crossed.mean_squares(reduced), _vector(squares)], axis=0)
+    return _segment_mean(values, at + squares_at, len(plan.components))
 
 
 def _indices(indices) -> tf.Tensor:
@@ -269,8 +269,9 @@ def amaxes(tensors: list) -> list[tf.Tensor]:
     """Largest absolute value of each of `tensors` (Tensors or IndexedSlices),
     as float32; inf where a value is NaN, 0 where a tensor has no values.
 
-    The tensors share the constant they need (fewer operations for the
-    compiler: a traced step takes one per weight gradient). Each reduces over
+    The tensors share the constants they need, infinity and the axes of
+    each rank (fewer operations for the compiler: a traced step takes one
+    per weight gradient). Each reduces over
     its own shape: flattened first, they made a compiled step slower on a CPU
     (see `_apply_phases.group_by_component`). A float32 gradient that is a
     float16 one widened (a float32 variable used in float16) is reduced as it
@@ -286,7 +287,7 @@ def amaxes(tensors: list) -> list[tf.Tensor]:
     >>> [float(a) for a in amaxes([tf.constant([1.0, -3.0]), tf.constant([2.0])])]
     [3.0, 2.0]
     """
-    infinite = {}
+    infinite, every_axis = {}, {}
     result = []
     for tensor in tensors:
         values = values_of(tensor)
@@ -296,9 +297,13 @@ def amaxes(tensors: list) -> list[tf.Tensor]:
         magnitude = tf.abs(values)
         if magnitude.dtype not in infinite:
             infinite[magnitude.dtype] = tf.constant(float("inf"), magnitude.dtype)
+        rank = magnitude.shape.rank
+        if rank is not None and rank not in every_axis:
+            every_axis[rank] = tf.constant(list(range(rank)), tf.int32) if rank else None
         # XLA's CPU backend drops NaN from a max; inf does not go away.
         magnitude = tf.where(tf.math.is_nan(magnitude), infinite[magnitude.dtype], magnitude)
-        result.append(tf.cast(tf.reduce_max(magnitude), tf.float32))
+        largest = tf.reduce_max(magnitude, axis=every_axis.get(rank))
+        result.append(tf.cast(largest, tf.float32))
     return result
 
 
@@ -326,7 +331,9 @@ def subnormals(tensor) -> tf.Tensor:
     return tf.reduce_sum(tf.cast(tiny, tf.float32))
 
 
-def measure_if(measuring, plan, weight_amax: WeightAmax, weight_grads) -> policies.Statistics:
+def measure_if(
+    measuring, plan, weight_amax: WeightAmax, weight_grads, crossed
+) -> policies.Statistics:
     """`measure(...)` where `measuring` holds, else statistics that keep every scale.
 
     One branch computes every reduction; a step that does not measure reads
@@ -336,7 +343,7 @@ def measure_if(measuring, plan, weight_amax: WeightAmax, weight_grads) -> polici
     size = len(plan.components)
 
     def measured():
-        return tuple(measure(plan, weight_amax, weight_grads)[:4])
+        return tuple(measure(plan, weight_amax, weight_grads, crossed)[:4])
 
     def kept():
         zero = tf.zeros([size])
