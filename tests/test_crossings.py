@@ -6,12 +6,14 @@ gradients wait and are reduced together, one branch per `WAITING_BYTES`, so
 that at most that much of them stays alive.
 """
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import keras_als
 from keras_als.step import _crossings, _statistics
 
 
@@ -163,3 +165,38 @@ def test_per_component_reductions_of_the_statistics_match_a_loop_over_components
             mine = [k for k, s in enumerate(segments) if s == i]
             expected = np.mean(values[mine]) if mine else 0.0
             assert mean[i] == pytest.approx(expected, rel=1e-6)
+
+
+def _branch_inputs(layers: int) -> list[int]:
+    """Inputs of each conditional of a traced step of `layers` wrapped Dense
+    layers, but the crossings' own and the one that applies the gradients
+    (the one with the most: every gradient and variable)."""
+    keras.utils.set_random_seed(0)
+    stack = [keras.Input((4,))] + [keras.layers.Dense(4) for _ in range(layers)]
+    model = keras_als.wrap_model(keras.Sequential(stack))
+    optimizer = keras_als.AdaptiveLossScaleOptimizer(
+        keras.optimizers.SGD(), measure_every_n_steps=4
+    )
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = optimizer.scale_loss(tf.reduce_sum(model(x) ** 2))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+
+    graph = step.get_concrete_function(tf.TensorSpec([2, 4])).graph
+    inputs = sorted(
+        len(op.inputs)
+        for op in graph.get_operations()
+        if op.type in ("If", "StatelessIf") and "reduce" not in op.get_attr("then_branch").name
+    )
+    return inputs[:-1]
+
+
+def test_the_measuring_branch_takes_as_many_inputs_whatever_the_number_of_boundaries():
+    # Each input of a branch is traced and lowered to XLA on its own: the
+    # crossing statistics enter packed in two vectors (`Crossed`), not two per boundary.
+    few, many = _branch_inputs(2), _branch_inputs(8)
+    assert few and few == many
