@@ -271,9 +271,9 @@ def amaxes(tensors: list) -> list[tf.Tensor]:
 
     The tensors share the constants they need, infinity and the axes of
     each rank (fewer operations for the compiler: a traced step takes one
-    per weight gradient). Each reduces over
-    its own shape: flattened first, they made a compiled step slower on a CPU
-    (see `_apply_phases.group_by_component`). A float32 gradient that is a
+    per weight gradient). Each reduces over its own shape: flattened first,
+    they made a compiled step slower on a CPU (see
+    `_apply_phases.group_by_component`). A float32 gradient that is a
     float16 one widened (a float32 variable used in float16) is reduced as it
     is, in float32, though its float16 source has the same largest value:
     the optimizer's update reads the float32 tensor anyway, and XLA's CPU
