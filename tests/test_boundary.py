@@ -40,6 +40,26 @@ def test_rescaling_by_a_power_of_two_rounds_once_from_the_exact_quotient(
     np.testing.assert_array_equal(got, expected)
 
 
+def _traced_boundary(make, spec: tf.TensorSpec, variant: str):
+    """The boundary placed on `make(x)` in a traced backward pass under
+    ablation `variant`, and the operation types of that graph."""
+    boundaries = []
+
+    @tf.function
+    def backward(x, factor):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            (y,) = _boundary.insert(keras.layers.Layer(), [make(x)])
+        boundary = _step_record.read().boundaries[-1]
+        boundary.connect(factor, None)
+        boundaries.append(boundary)
+        return tape.gradient(y, x)
+
+    with ablations.named(variant):
+        graph = backward.get_concrete_function(spec, tf.TensorSpec([], tf.float32)).graph
+    return boundaries[0], [op.type for op in graph.get_operations()]
+
+
 @pytest.mark.parametrize("variant", ["", "feature_maps_divided", "feature_maps_multiplied"])
 @pytest.mark.parametrize("concatenated", [False, True])
 @pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
@@ -50,28 +70,15 @@ def test_boundaries_divide_up_to_the_divided_rank_and_on_concatenations(
     divides; on other larger tensors it multiplies. The benchmarks' variants
     make every boundary divide (`feature_maps_divided`) or every feature map's
     multiply (`feature_maps_multiplied`)."""
-    boundaries = []
 
-    @tf.function
-    def backward(x, factor):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            made = tf.concat([x, x], axis=-1) if concatenated else x
-            (y,) = _boundary.insert(keras.layers.Layer(), [made])
-        boundary = _step_record.read().boundaries[-1]
-        boundary.connect(factor, None)
-        boundaries.append(boundary)
-        return tape.gradient(y, x)
+    def make(x):
+        return tf.concat([x, x], axis=-1) if concatenated else x
 
-    with ablations.named(variant):
-        graph = backward.get_concrete_function(
-            tf.TensorSpec([2] * rank, tf.float16), tf.TensorSpec([], tf.float32)
-        ).graph
-    kinds = [op.type for op in graph.get_operations()]
+    boundary, kinds = _traced_boundary(make, tf.TensorSpec([2] * rank, tf.float16), variant)
     divided_concatenation = concatenated and variant != "feature_maps_multiplied"
     expected = rank <= _boundary.DIVIDED_RANK or divided_concatenation
-    assert boundaries[0].divides == (expected or variant == "feature_maps_divided")
-    if boundaries[0].divides:
+    assert boundary.divides == (expected or variant == "feature_maps_divided")
+    if boundary.divides:
         assert kinds.count("RealDiv") == 1 and "Mul" not in kinds, kinds
     else:
         assert kinds.count("Mul") == 1 and "RealDiv" not in kinds, kinds
@@ -94,25 +101,10 @@ def test_a_boundary_on_a_convolutions_feature_maps_divides_and_on_an_activations
     """Feature maps a convolution made (read back by two convolutions) divide;
     an activation's (read by one fusion) multiply, as every feature map does
     under `feature_maps_multiplied`."""
-    boundaries = []
-
-    @tf.function
-    def backward(x, factor):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            (y,) = _boundary.insert(keras.layers.Layer(), [MAKERS[made_by](x)])
-        boundary = _step_record.read().boundaries[-1]
-        boundary.connect(factor, None)
-        boundaries.append(boundary)
-        return tape.gradient(y, x)
-
-    with ablations.named(variant):
-        graph = backward.get_concrete_function(
-            tf.TensorSpec([2, 3, 3, 2], tf.float32), tf.TensorSpec([], tf.float32)
-        ).graph
-    kinds = [op.type for op in graph.get_operations()]
+    spec = tf.TensorSpec([2, 3, 3, 2], tf.float32)
+    boundary, kinds = _traced_boundary(MAKERS[made_by], spec, variant)
     divides = made_by != "relu" and variant != "feature_maps_multiplied"
-    assert boundaries[0].divides == divides
+    assert boundary.divides == divides
     assert kinds.count("RealDiv" if divides else "Mul") == 1, kinds
 
 
