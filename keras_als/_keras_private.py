@@ -12,6 +12,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 from keras.src.backend import AutocastScope
+from keras.src.backend.common import global_state
 from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 from keras.src.models.functional import Functional
 from keras.src.utils.tracking import no_automatic_dependency_tracking
@@ -20,6 +21,7 @@ __all__ = [
     "Functional",
     "all_layers",
     "converts_inputs",
+    "entry_layer",
     "has_own_output_spec",
     "get_keras_mask",
     "no_autocast",
@@ -30,6 +32,7 @@ __all__ = [
     "set_converts_inputs",
     "set_keras_mask",
     "strategy_supports_no_merge_call",
+    "track_optimizer_variable",
     "sublayers",
     "trainable_variables_of",
 ]
@@ -170,3 +173,27 @@ def no_autocast() -> AutocastScope:
     `_forward_state` needs the variable's own value and handle there.
     """
     return AutocastScope(None)
+
+
+# No public API: Keras keeps the call in progress in a private global (`CallContext`).
+def entry_layer():
+    """The outermost layer whose call is in progress (the model `fit` called), or None.
+
+    A scale boundary records it when the forward pass places it, so that
+    `scale_loss` knows the model whose variables `apply` will most likely be
+    given (`_early_build`). Keras sets it in `Layer.__call__` as
+    `CallContext.entry_layer`, for the `training` argument of inner layers.
+    """
+    context = global_state.get_global_attribute("current_call_ctx")
+    return None if context is None else context.entry_layer
+
+
+# No public API: `add_variable` makes and tracks a variable in one call.
+def track_optimizer_variable(optimizer, variable) -> None:
+    """Makes `variable` one of `optimizer.variables`, as its `add_variable` does.
+
+    `_early_build` makes the scale variables before it knows whether the
+    optimizer will be built for the variables it guessed, and adopts them
+    only then; Keras's `add_variable` ends by calling the private `_track_variable`.
+    """
+    optimizer._track_variable(variable)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import tensorflow as tf
 
 from keras_als import policies
-from keras_als._keras_private import no_automatic_dependency_tracking, trainable_variables_of
-from keras_als.step import _apply_phases, _entries, _plan, _state, _step_record
+from keras_als._keras_private import (
+    no_automatic_dependency_tracking,
+    track_optimizer_variable,
+    trainable_variables_of,
+)
+from keras_als.step import _apply_phases, _early_build, _entries, _plan, _state, _step_record
 from keras_als.telemetry import _mistakes, _telemetry
 
 
@@ -22,12 +28,13 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     training step is traced, `scale_loss` finds the *scale components* of the
     graph (regions between boundaries) and gives each its own power-of-two
     scale; every boundary converts the gradient crossing it from one
-    component's scale to the next. `apply` divides each variable's
-    gradient by the scale it was computed at, skips the step (touching no weight
-    and no inner optimizer slot) if any gradient is not finite, and asks the
-    `policy` for the next scales from what this step measured (before the first
-    update is applied no scale rises: gradients of the initial weights can grow
-    by orders of magnitude with it).
+    component's scale to the next (built there by `fit`, it makes its
+    variables eagerly, so that TensorFlow traces the step once). `apply`
+    divides each variable's gradient by the scale it was computed at, skips
+    the step (touching no weight and no inner optimizer slot) if any gradient
+    is not finite, and asks the `policy` for the next scales from what this
+    step measured (before the first update is applied no scale rises:
+    gradients of the initial weights can grow by orders of magnitude with it).
 
     On a skipped step every component the overflow reached backs off, and a
     component whose measured scale overflowed gains headroom for the spikes
@@ -127,13 +134,8 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             estimate_underflow=bool(estimate_underflow),
         )
 
-    @no_automatic_dependency_tracking
     def build(self, var_list):
-        _mistakes.warn_bfloat16(self)
-        made = self.scaling.build(self.add_variable, var_list)
-        self.scale_state, self.step_counter, self.dynamic_scale = made  # checkpoints' names
-        self.inner_optimizer.build(var_list)
-        keras.optimizers.Optimizer.build(self, var_list)
+        _build_around(self, self.scaling.build(self.add_variable, var_list), var_list)
 
     @property
     def skipped_steps(self) -> tf.Tensor:
@@ -167,6 +169,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             _mistakes.warn_eager(self)
             return super().scale_loss(loss)
         record = _step_record.read(loss.graph)
+        _build_scales_ahead(self, record)  # then `fit` traces the step once
         plan = _plan.plan_for(self.scaling, loss, record.boundaries, record.measures)
         if self.built and not plan.boundaries() and not _entries.scaled(self.scaling):
             _mistakes.warn_no_boundaries(self)
@@ -220,7 +223,7 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             if tf.inside_function():
                 _mistakes.unscaled_apply(self)
             return super().apply(grads, trainable_variables)
-        if not self.built:
+        if not self.built and not _adopt_scales_built_ahead(self, trainable_variables):
             _mistakes.build_inside_step(self, trainable_variables)
         if trainable_variables is None:
             trainable_variables = trainable_variables_of(self)
@@ -311,6 +314,53 @@ class AdaptiveLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def from_config(cls, config, custom_objects=None):
         inner, policy, config = _deserialized(config, custom_objects)
         return cls(inner, policy=policy, **config)
+
+
+@no_automatic_dependency_tracking
+def _build_around(optimizer, made: tuple, var_list) -> None:
+    """Builds the rest of `optimizer` around its scale variables `made`
+    (`ScaleState.build`'s, made by `build` or ahead of it, `_build_scales_ahead`)."""
+    _mistakes.warn_bfloat16(optimizer)
+    optimizer.scale_state, optimizer.step_counter, optimizer.dynamic_scale = made  # saved names
+    optimizer.inner_optimizer.build(var_list)
+    keras.optimizers.Optimizer.build(optimizer, var_list)
+
+
+def _build_scales_ahead(optimizer, record) -> None:
+    """Makes `optimizer`'s scale variables, untracked, in a step traced before
+    it is built, for the variables of the model the step entered (`_early_build`)."""
+    variables = _early_build.variables_to_build_for(optimizer.scaling, record)
+    if variables and not optimizer.built:
+        with _early_build.made_eagerly():
+            optimizer.scaling.build(functools.partial(_untracked_variable, optimizer), variables)
+
+
+def _adopt_scales_built_ahead(optimizer, trainable_variables) -> bool:
+    """Builds `optimizer` eagerly around the scale variables made ahead, if
+    they were made for `trainable_variables`; False if the caller must build it."""
+    if not _early_build.made_for(optimizer.scaling, trainable_variables):
+        return False
+    state = optimizer.scaling
+    made = (state.scale_state, state.step_counter, state.dynamic_scale)
+    with _early_build.made_eagerly(), keras.name_scope(optimizer.name, caller=optimizer):
+        for variable in made:
+            track_optimizer_variable(optimizer, variable)
+        _build_around(optimizer, made, list(trainable_variables))
+    optimizer.built = True
+    return True
+
+
+def _untracked_variable(optimizer, shape, initializer, dtype=None, aggregation="none", name=None):
+    """What `optimizer.add_variable` makes, not yet one of `optimizer.variables`."""
+    with keras.name_scope(optimizer.name, caller=optimizer):
+        return keras.Variable(
+            initializer=initializer,
+            shape=shape,
+            dtype=dtype,
+            trainable=False,
+            aggregation=aggregation,
+            name=name,
+        )
 
 
 def _deserialized(config: dict, custom_objects=None) -> tuple:

@@ -283,3 +283,30 @@ def test_no_autocast_reads_a_variable_as_itself_inside_a_float16_call():
     Reads(dtype="mixed_float16")(np.ones((1, 2), "float32"))
     assert seen["autocast"] == "float16", _changed("Keras's autocast of variables in a call")
     assert seen["own"] == "float32", _changed("keras.src.backend.AutocastScope(None)")
+
+
+def test_entry_layer_is_the_outermost_layer_being_called_and_none_outside_a_call():
+    seen = []
+
+    class Sees(keras.layers.Layer):
+        def call(self, x):
+            seen.append(private.entry_layer())
+            return x
+
+    inner = keras.Sequential([Sees()], name="inner")
+    outer = keras.Sequential([keras.Input((2,)), inner], name="outer")
+    seen.clear()
+    outer(np.ones((1, 2)))
+    inner(np.ones((1, 2)))
+    dependency = "the call context's entry_layer (global_state 'current_call_ctx')"
+    assert seen == [outer, inner], _changed(dependency)
+    assert private.entry_layer() is None, _changed(dependency)
+
+
+def test_a_tracked_variable_is_one_of_the_optimizer_s_variables():
+    optimizer = _built_optimizer([keras.Variable(1.0)])
+    extra = keras.Variable(3.0, name="extra")
+    assert all(v is not extra for v in optimizer.variables)
+    private.track_optimizer_variable(optimizer, extra)
+    dependency = "Optimizer._track_variable"
+    assert any(v is extra for v in optimizer.variables), _changed(dependency)

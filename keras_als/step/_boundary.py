@@ -42,6 +42,7 @@ import weakref
 
 import tensorflow as tf
 
+from keras_als._keras_private import entry_layer
 from keras_als.step import _step_record
 
 
@@ -147,5 +148,5 @@ def insert(owner, tensors: list[tf.Tensor], upstream: list[tf.Tensor] | None = N
 
     outputs = identity(*tensors)
     boundary.outputs = tuple(outputs)
-    _step_record.add_boundary(boundary)
+    _step_record.add_boundary(boundary, entered=entry_layer())
     return list(outputs)

@@ -24,15 +24,17 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from keras_als.step._early_build import made_eagerly
+
 
 def make(count: int) -> tuple[tf.Variable, ...]:
     """`count` int32 scalar variables, the k-th holding k (never written).
 
-    Made eagerly (`tf.init_scope`) even when the optimizer is built inside a
-    traced step, as `fit` builds it: a variable made inside a trace has its
+    Made eagerly (`_early_build.made_eagerly`) even when the optimizer is
+    built inside a traced step: a variable made inside a trace has its
     initializer lifted out of the graph, about 12 ms each (ViT-Base's 202
     took 2.4 s of its first step)."""
-    with tf.init_scope():
+    with made_eagerly():
         return tuple(
             tf.Variable(k, dtype=tf.int32, trainable=False, name=f"keras_als_index_{k}")
             for k in range(count)

@@ -43,12 +43,16 @@ class StepRecord(NamedTuple):
             optimizer whose `scale_loss` ran in this step.
         measures: Whether the step measures whatever the optimizer's period
             (`measure_this_step`: `keras_als.calibrate`'s pass).
+        entered: Weak references to the outermost layers whose calls placed
+            the boundaries (the model `fit` called), each once, in order
+            (`_early_build`).
     """
 
     boundaries: tuple = ()
     snapshots: tuple = ()
     plans: tuple = ()
     measures: bool = False
+    entered: tuple = ()
 
     def plan_for(self, optimizer):
         """The plan `optimizer.scale_loss` made in this step, or None."""
@@ -77,10 +81,14 @@ def _write(record: StepRecord, graph=None) -> None:
     _records(graph)[threading.get_ident()] = record
 
 
-def add_boundary(boundary) -> None:
-    """Records a boundary the forward pass inserted into the graph traced now."""
+def add_boundary(boundary, entered=None) -> None:
+    """Records a boundary the forward pass inserted into the graph traced now,
+    and `entered`, the outermost layer whose call placed it (if any)."""
     record = read()
-    _write(record._replace(boundaries=record.boundaries + (boundary,)))
+    record = record._replace(boundaries=record.boundaries + (boundary,))
+    if entered is not None and all(seen() is not entered for seen in record.entered):
+        record = record._replace(entered=record.entered + (weakref.ref(entered),))
+    _write(record)
 
 
 def add_snapshots(snapshots) -> None:
