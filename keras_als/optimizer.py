@@ -330,7 +330,7 @@ def _build_scales_ahead(optimizer, record) -> None:
     """Makes `optimizer`'s scale variables, untracked, in a step traced before
     it is built, for the variables of the model the step entered (`_early_build`)."""
     variables = _early_build.variables_to_build_for(optimizer.scaling, record)
-    if variables and not optimizer.built:
+    if variables:  # none once built: `build` makes the scale variables first
         with _early_build.made_eagerly():
             optimizer.scaling.build(functools.partial(_untracked_variable, optimizer), variables)
 
