@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = provenance.code()  # the code as the model's process starts
         row = run_model(name, args.ablation)
         row["provenance"] = measured
+        row["cpu"] = provenance.cpu()  # rows of one table may come from different machines
         row["command"] = f"python -m benchmarks.cost_at_size --models {name}" + (
             f" --ablation {args.ablation}" if args.ablation else ""
         )

@@ -90,6 +90,10 @@ def _geometric_mean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def _cpu(row: dict) -> str:
+    return f"on {row['cpu']}" if row.get("cpu") else "CPU not recorded"
+
+
 def line(row: dict) -> str:
     """One line for the console."""
     found = ratios(row)
@@ -111,7 +115,9 @@ def render(results: dict) -> str:
         f"per model in one process; steps after {plan.WARMUP} warm-up steps, {plan.ROUNDS} "
         "interleaved rounds. keras_als over Keras LSO (geometric mean ± standard error over "
         "the instances); in bold, over the target (step "
-        f"{targets['step']}, first step {targets['first_step']}, peak {targets['peak_memory']}).",
+        f"{targets['step']}, first step {targets['first_step']}, peak {targets['peak_memory']}). "
+        "Rows measured on different CPUs (listed at the end) differ in Keras's own times, "
+        "and may in their ratios.",
         "",
         "| model | scales | step | Keras step (ms) | first step | Keras first step (s) "
         "| peak step memory |",
@@ -147,8 +153,8 @@ def render(results: dict) -> str:
         lines += ["", "Not measured yet: " + ", ".join(missing) + "."]
     lines += [
         "",
-        "Code measured per row: "
-        + "; ".join(f"{r['model']} {r['provenance']}" for r in rows)
+        "Code and CPU measured per row: "
+        + "; ".join(f"{r['model']} {r['provenance']}, {_cpu(r)}" for r in rows)
         + ".",
     ]
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import re
 from collections.abc import Callable
 
 import keras
@@ -64,6 +65,22 @@ def environment() -> str:
         f"{platform.platform()}); Python {platform.python_version()}, TensorFlow "
         f"{tf.__version__}, Keras {keras.__version__}, NumPy {np.__version__}"
     )
+
+
+def cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name and whether it has avx512_fp16 (float16 kernels
+    differ without it), as `AMD EPYC, no avx512_fp16`; the processor Python
+    reports where `cpuinfo` cannot be read."""
+    try:
+        with open(cpuinfo) as f:
+            text = f.read()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    names = re.findall(r"^model name\s*:\s*(.+)$", text, flags=re.M)
+    flags = re.findall(r"^flags\s*:\s*(.+)$", text, flags=re.M)
+    fp16 = bool(flags) and "avx512_fp16" in flags[0].split()
+    name = names[0].strip() if names else (platform.processor() or "unknown CPU")
+    return f"{name}, {'with' if fp16 else 'no'} avx512_fp16"
 
 
 def save(out: str, command: str, results: dict, render: Callable[[dict], str]) -> dict:

@@ -47,6 +47,27 @@ def test_the_table_marks_a_ratio_over_its_target_and_lists_the_models_not_measur
     assert "densenet121" not in missing and "vit_base" in missing and "densenet_8x4" in missing
 
 
+def test_each_row_says_the_cpu_it_was_measured_on_or_that_it_was_not_recorded():
+    recorded = _row("resnet50") | {"cpu": "AMD EPYC, no avx512_fp16"}
+    text = report.render(
+        {"command": "c", "date": "d", "environment": "e", "rows": [recorded, _row("vit_base")]}
+    )
+    per_row = text.split("Code and CPU measured per row: ")[1]
+    assert "resnet50 commit x, on AMD EPYC, no avx512_fp16;" in per_row
+    assert "vit_base commit x, CPU not recorded." in per_row
+
+
+def test_the_cpu_is_its_model_name_and_whether_it_has_avx512_fp16(tmp_path):
+    from benchmarks.harness import provenance
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t: Some CPU 9\nflags\t\t: fpu avx512f avx512_fp16 sse\n" * 2)
+    assert provenance.cpu(str(info)) == "Some CPU 9, with avx512_fp16"
+    info.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx512f avx512_bf16\n")
+    assert provenance.cpu(str(info)) == "AMD EPYC, no avx512_fp16"
+    assert provenance.cpu(str(tmp_path / "missing"))  # falls back to Python's own name
+
+
 def test_an_ablation_gets_a_table_of_its_own():
     row = _row(
         extra={
