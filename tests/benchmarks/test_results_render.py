@@ -125,6 +125,36 @@ def _step_breakdown() -> str:
     return cost.breakdown_markdown(_json("step_breakdown.json"))
 
 
+def _cost_at_size() -> str:
+    from benchmarks.cost_at_size import report
+
+    return report.render(_json("cost_at_size.json"))
+
+
+def _first_step() -> str:
+    from benchmarks.profiles import first_step
+
+    return first_step.render(_json("first_step.json"))
+
+
+def _profile_at_size() -> str:
+    from benchmarks.profiles import step_profile
+
+    return step_profile.markdown(_json("step_profile_at_size.json"))
+
+
+def _profile(name: str):
+    """The renderer of `benchmarks.profiles.<name>`, on its committed JSON."""
+
+    def render() -> str:
+        import importlib
+
+        module = importlib.import_module(f"benchmarks.profiles.{name}")
+        return getattr(module, "render", None) or module.markdown
+
+    return lambda: render()(_json(f"{name}.json"))
+
+
 @pytest.mark.parametrize(
     "name, render",
     [
@@ -142,6 +172,12 @@ def _step_breakdown() -> str:
         ("step_profile.md", _step_profile),
         ("memory_breakdown.md", _memory_breakdown),
         ("step_breakdown.md", _step_breakdown),
+        ("cost_at_size.md", _cost_at_size),
+        ("first_step.md", _first_step),
+        ("step_profile_at_size.md", _profile_at_size),
+        ("margin_sweep.md", _profile("margin_sweep")),
+        ("monitor_cost.md", _profile("monitor_cost")),
+        ("step_program.md", _profile("step_program")),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
