@@ -131,12 +131,6 @@ def _cost_at_size() -> str:
     return report.render(_json("cost_at_size.json"))
 
 
-def _first_step() -> str:
-    from benchmarks.profiles import first_step
-
-    return first_step.render(_json("first_step.json"))
-
-
 def _profile_at_size() -> str:
     from benchmarks.profiles import step_profile
 
@@ -144,15 +138,15 @@ def _profile_at_size() -> str:
 
 
 def _profile(name: str):
-    """The renderer of `benchmarks.profiles.<name>`, on its committed JSON."""
+    """Renders `<name>.json` with `benchmarks.profiles.<name>.render`."""
 
     def render() -> str:
         import importlib
 
         module = importlib.import_module(f"benchmarks.profiles.{name}")
-        return getattr(module, "render", None) or module.markdown
+        return module.render(_json(f"{name}.json"))
 
-    return lambda: render()(_json(f"{name}.json"))
+    return render
 
 
 @pytest.mark.parametrize(
@@ -173,7 +167,7 @@ def _profile(name: str):
         ("memory_breakdown.md", _memory_breakdown),
         ("step_breakdown.md", _step_breakdown),
         ("cost_at_size.md", _cost_at_size),
-        ("first_step.md", _first_step),
+        ("first_step.md", _profile("first_step")),
         ("step_profile_at_size.md", _profile_at_size),
         ("margin_sweep.md", _profile("margin_sweep")),
         ("monitor_cost.md", _profile("monitor_cost")),
