@@ -228,7 +228,7 @@ REPEATED_TOKEN = np.array([[3, 3]], "int32")  # the NaN row and a finite row, bo
 
 def test_a_nan_embedding_row_at_a_repeated_token_skips_the_step(mixed):
     """The embedding's gradient is IndexedSlices with token 3's row twice, one
-    NaN and one finite. keras_als reads each row (`_statistics.amaxes`), skips
+    NaN and one finite. keras_als reads each row (`_reductions.amaxes`), skips
     the step and changes no weight or slot; Keras's LossScaleOptimizer applies
     it (next test)."""
     keras.utils.set_random_seed(0)

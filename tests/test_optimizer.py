@@ -230,61 +230,6 @@ def test_finiteness_is_checked_per_component_and_a_component_without_values_is_f
     assert _apply_phases._not_finite_per_component(nothing, 2).numpy().tolist() == [False, False]
 
 
-def test_amaxes_are_each_gradients_largest_magnitude_in_float32_with_nan_reading_as_inf():
-    from keras_als.step import _statistics
-
-    def amax(tensor):
-        return _statistics.amaxes([tensor])[0]
-
-    dense = tf.constant([[0.5, -3.0], [2.0, 1.0]])
-    half = tf.constant([-1.0, 65504.0], tf.float16)
-    rows = tf.IndexedSlices(tf.constant([[-7.0, 1.0]]), tf.constant([0]), tf.constant([4, 2]))
-    assert float(amax(dense)) == 3.0
-    assert float(amax(rows)) == 7.0  # an Embedding's gradient: its rows
-    assert float(amax(half)) == 65504.0  # float16 widened exactly
-    assert amax(half).dtype == tf.float32
-    assert float(amax(half * 2)) == float("inf")  # float16 overflow
-    assert float(amax(tf.constant([1.0, float("nan")]))) == float("inf")
-    assert float(amax(tf.zeros((0, 3)))) == 0.0  # nothing: not -inf
-    several = _statistics.amaxes([dense, half, rows])
-    assert [float(a) for a in several] == [3.0, 65504.0, 7.0]
-
-
-@pytest.mark.parametrize("jit_compile", [False, True])
-def test_a_widened_float16_gradient_is_reduced_in_float32_to_its_largest_magnitude(
-    jit_compile,
-):
-    """A float32 gradient cast from float16 (a float32 variable used in float16)
-    is reduced as the float32 tensor the update reads, not its float16 source
-    (which XLA's CPU backend reduces more slowly); the value is the float16
-    values' largest magnitude, NaN read as inf, traced and compiled."""
-    from keras_als.step import _statistics
-
-    reduced_in = []
-
-    @tf.function(jit_compile=jit_compile)
-    def amax(half, single):
-        widened, values = tf.cast(half, tf.float32), half + 0.0
-        result = _statistics.amaxes([widened, single, tf.cast(values, tf.float64)])
-        graph = tf.compat.v1.get_default_graph()
-        reduced_in.extend(op.inputs[0].dtype for op in graph.get_operations() if op.type == "Max")
-        return result
-
-    rng = np.random.default_rng(0)
-    half = tf.constant(rng.normal(0, 300, (97, 33)), tf.float16)
-    single = tf.constant(rng.normal(0, 1, (5,)), tf.float32)
-    expected = float(np.max(np.abs(half.numpy().astype(np.float32))))
-    widened, alone, double = amax(half, single)
-    assert float(widened) == float(double) == expected
-    assert float(alone) == float(np.max(np.abs(single.numpy())))
-    assert reduced_in == [tf.float32, tf.float32, tf.float64]
-    with_nan = tf.tensor_scatter_nd_update(half, [[3, 4]], tf.constant([np.nan], tf.float16))
-    assert float(amax(with_nan, single)[0]) == float("inf")
-    largest = tf.fill((40, 40), tf.constant(65504.0, tf.float16))
-    assert float(amax(largest, single)[0]) == 65504.0
-    assert float(_statistics.amaxes([tf.cast(half, tf.float32)])[0]) == expected  # eagerly
-
-
 def _conditionals_holding(hlo: str, op_name_part: str) -> int:
     """Conditionals in optimized HLO text whose branches (and the computations
     these call, fusions included) hold an operation named with `op_name_part`."""

@@ -13,6 +13,7 @@ PROFILES = {
     "keras_als adds: tracing, TensorFlow-to-XLA, or XLA?",
     "trace_profile": "Where does a real model's first step without XLA spend the time "
     "keras_als adds: tracing, or TensorFlow's graph work?",
+    "bridge_ops": "What does TensorFlow's lowering to XLA cost per operation, by kind?",
     "update_fusions": "Why is Keras's first step, not keras_als's, the slow one on the "
     "deepest nets?",
     "peak_buffers": "Which buffers does XLA count in a compiled step's peak memory?",

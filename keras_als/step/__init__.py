@@ -8,7 +8,7 @@
 - `_plan`, `_crossings`, `_indices`: the plan of the backward pass (scale
   components, their scales, read at indices XLA cannot see) and the
   reductions of the gradients crossing the boundaries;
-- `_apply_phases`, `_statistics`, `_skip`, `_scale_state`, `_entries`: what
-  `apply` does: unscale, check, measure, choose, apply or skip, and the
-  optimizer's state per scale.
+- `_apply_phases`, `_reductions`, `_statistics`, `_skip`, `_scale_state`,
+  `_entries`: what `apply` does: unscale, check, measure, choose, apply or
+  skip, and the optimizer's state per scale.
 """

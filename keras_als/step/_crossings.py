@@ -54,7 +54,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from keras_als.step import _join_bounds
-from keras_als.step._statistics import amaxes, mean_square, subnormals, values_of, zeros
+from keras_als.step._reductions import amaxes, mean_square, subnormals, values_of, zeros
 
 WAITING_BYTES = 64 * 1024
 """Crossing gradients kept alive at most (plus the one that arrived last)."""
@@ -105,7 +105,8 @@ class Crossed(NamedTuple):
         """Packs `reduced`, `id(boundary) -> _crossings.Reduced`."""
         squared = [key for key, r in reduced.items() if r.mean_square is not None]
         return cls(
-            amax=_stacked([r.amax for r in reduced.values()]),
+            # One `Abs` for all: a gradient of zeros may have read -0.0 (`magnitude_of`).
+            amax=tf.abs(_stacked([r.amax for r in reduced.values()])),
             mean_square=_stacked([reduced[key].mean_square for key in squared]),
             amax_at={key: k for k, key in enumerate(reduced)},
             square_at={key: k for k, key in enumerate(squared)},

@@ -5,6 +5,7 @@ the largest value, mean square and overflow origin of each component, from
 the weight gradients and from the gradients that crossed the boundaries.
 All of it is computed where the optimizer applies the step, inside the one
 branch that runs on the steps that measure.
+Each gradient's own reductions are `_reductions`'.
 `agree_across_replicas` and `reached_on_any_replica` make every replica
 decide alike; `underflow_shares` measures underflow for the telemetry, and
 `mean_over_replicas` makes every replica record the same.
@@ -18,6 +19,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from keras_als import policies
+from keras_als.step._reductions import amaxes, mean_square, subnormals, zeros
 
 
 def measure(plan, weight_amax: WeightAmax, weight_grads, crossed) -> policies.Statistics:
@@ -91,7 +93,8 @@ class WeightAmax(NamedTuple):
     def of(cls, weight_grads: list[list]) -> WeightAmax:
         """From the weight gradients of each component (`weight_grads[i]`: component i's)."""
         each = amaxes([g for group in weight_grads for g in group])
-        return cls(_vector(each), tuple(i for i, group in enumerate(weight_grads) for _ in group))
+        values = tf.abs(_vector(each))  # one `Abs` for all: a zero that read -0.0 reads 0.0
+        return cls(values, tuple(i for i, group in enumerate(weight_grads) for _ in group))
 
     def extended(self, more: list[tuple[int, tf.Tensor]]) -> WeightAmax:
         """These values followed by `more`, pairs of (component, float32 scalar)."""
@@ -258,77 +261,6 @@ def underflow_shares(plan, weight_grads, float16) -> tuple[tf.Tensor, tf.Tensor]
             zero_shares.append(tf.constant(0.0))
             subnormal_shares.append(tf.constant(0.0))
     return tf.stack(subnormal_shares), tf.stack(zero_shares)
-
-
-def values_of(tensor):
-    """The values of `tensor`, an IndexedSlices (an Embedding's gradient) or a Tensor."""
-    return tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
-
-
-def amaxes(tensors: list) -> list[tf.Tensor]:
-    """Largest absolute value of each of `tensors` (Tensors or IndexedSlices),
-    as float32; inf where a value is NaN, 0 where a tensor has no values.
-
-    The tensors share the constants they need, infinity and the axes of
-    each rank (fewer operations for the compiler: a traced step takes one
-    per weight gradient). Each reduces over its own shape: flattened first,
-    they made a compiled step slower on a CPU (see
-    `_apply_phases.group_by_component`). A float32 gradient that is a
-    float16 one widened (a float32 variable used in float16) is reduced as it
-    is, in float32, though its float16 source has the same largest value:
-    the optimizer's update reads the float32 tensor anyway, and XLA's CPU
-    backend reduces it with its fast kernels, where reducing the float16
-    source first costs a kernel that writes it out and a slower reduction,
-    for every weight gradient (`python -m benchmarks.real_models --parts step
-    --models resnet50_v2` measures it).
-
-    Example:
-
-    >>> [float(a) for a in amaxes([tf.constant([1.0, -3.0]), tf.constant([2.0])])]
-    [3.0, 2.0]
-    """
-    infinite, every_axis = {}, {}
-    result = []
-    for tensor in tensors:
-        values = values_of(tensor)
-        if values.shape.num_elements() == 0:  # a max of nothing is -inf
-            result.append(tf.constant(0.0))
-            continue
-        magnitude = tf.abs(values)
-        if magnitude.dtype not in infinite:
-            infinite[magnitude.dtype] = tf.constant(float("inf"), magnitude.dtype)
-        rank = magnitude.shape.rank
-        if rank is not None and rank not in every_axis:
-            every_axis[rank] = tf.constant(list(range(rank)), tf.int32) if rank else None
-        # XLA's CPU backend drops NaN from a max; inf does not go away.
-        magnitude = tf.where(tf.math.is_nan(magnitude), infinite[magnitude.dtype], magnitude)
-        largest = tf.reduce_max(magnitude, axis=every_axis.get(rank))
-        result.append(tf.cast(largest, tf.float32))
-    return result
-
-
-def mean_square(tensor: tf.Tensor) -> tf.Tensor:
-    """Mean of the squared values of `tensor`, in float32."""
-    return tf.reduce_mean(tf.square(tf.cast(values_of(tensor), tf.float32)))
-
-
-def zeros(tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """(number of exact zeros, number of values) in `tensor`, as float32."""
-    tensor = values_of(tensor)
-    count = tf.reduce_sum(tf.cast(tf.equal(tensor, 0), tf.float32))
-    return count, tf.cast(tf.size(tensor), tf.float32)
-
-
-def subnormals(tensor) -> tf.Tensor:
-    """Number of non-zero values below float16's smallest normal (`2**-14`), as float32.
-
-    For a float32 tensor that holds a float16 result (a weight gradient cast
-    back to its float32 variable) the count is the same as in float16.
-    """
-    tensor = values_of(tensor)
-    magnitude = tf.abs(tensor)
-    tiny = tf.logical_and(magnitude > 0, magnitude < tf.cast(2.0**-14, tensor.dtype))
-    return tf.reduce_sum(tf.cast(tiny, tf.float32))
 
 
 def measure_if(

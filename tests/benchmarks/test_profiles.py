@@ -369,3 +369,17 @@ def test_the_peak_buffers_profile_reads_the_buffers_live_at_xlas_peak(tmp_path):
     ]
     program = "  %conv.1 = f32[5,5,8,8]{3,2,1,0} convolution(%a, %b), window={size=2x2}"
     assert peak_buffers.instruction(program, "conv.1") == "convolution f32[5,5,8,8]{3,2,1,0}"
+
+
+def test_the_bridge_profile_lowers_every_chain_and_reports_each_beyond_the_empty_one():
+    """Each chain lowers to XLA (a chain that does not fails the profile); the
+    table gives the milliseconds per chain beyond the `none` chain."""
+    from benchmarks.profiles import bridge_ops
+
+    for chain in bridge_ops.CHAINS.values():
+        assert bridge_ops.lowering_seconds(chain, 2) > 0
+    table = bridge_ops.table({"none": 0.5, "reduce_max(abs(g))": 1.5}, chains=200)
+    assert table.splitlines()[2:] == [
+        "| `none` | 0.500 | 0.00 |",
+        "| `reduce_max(abs(g))` | 1.500 | 5.00 |",
+    ]
